@@ -1,0 +1,168 @@
+"""The export graph: RWKV-7 as an ``nn.Module`` whose two states are mutated buffers.
+
+Decode (``main``): ``input_ids`` [1,1] int32, ``position_ids`` [1,1] int32 (accepted, unused),
+returns ``logits`` [1,1,V]; states ``recState`` [L,1,H,N,N] (fla orientation, [K,V] per head)
+and ``shiftState`` [L,1,2,C] (slot 0 time-mix, slot 1 channel-mix).
+
+Rules that the device delegates taught the shipped port, kept here:
+* every layer returns its new state slices; each state gets ONE write per step, at the end;
+* the L2 norm is written out with an explicit eps (no ``F.normalize``);
+* the decay, its exp and the kk normalisation are computed in fp32, whatever the recipe dtype.
+
+The per-layer math lives in :class:`Block` with a step function over explicit state slices,
+so a chunked ``prefill`` entry point can reuse the same parameters (same module names, so the
+same quantisation) beside ``main`` in one bundle.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .geometry import Geometry
+
+STATE_NAMES = ("recState", "shiftState")
+INPUT_NAMES = ("input_ids", "position_ids")
+OUTPUT_NAMES = ("logits",)
+NEG_EXP_HALF = -math.exp(-0.5)
+
+
+class LoRA(nn.Module):
+    """fla's LoRA: Linear(C->D, no bias) -> act -> Linear(D->C, bias?) under ``lora.0``/``lora.2``."""
+
+    def __init__(self, c: int, d: int, act: nn.Module, bias: bool):
+        super().__init__()
+        self.lora = nn.Sequential(nn.Linear(c, d, bias=False), act, nn.Linear(d, c, bias=bias))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lora(x)
+
+
+class Attn(nn.Module):
+    def __init__(self, g: Geometry, layer: int):
+        super().__init__()
+        C, H, N = g.hidden, g.heads, g.head_dim
+        for m in "rwkvag":
+            self.register_parameter(f"x_{m}", nn.Parameter(torch.zeros(1, 1, C)))
+        self.k_k = nn.Parameter(torch.zeros(C))
+        self.k_a = nn.Parameter(torch.zeros(C))
+        self.r_k = nn.Parameter(torch.zeros(H, N))
+        self.r_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(C, C, bias=False) for _ in range(4))
+        self.w_lora = LoRA(C, g.decay_lora, nn.Tanh(), bias=True)
+        self.a_lora = LoRA(C, g.a_lora, nn.Identity(), bias=True)
+        if layer > 0:
+            self.v_lora = LoRA(C, g.v_lora, nn.Identity(), bias=True)
+        self.g_lora = LoRA(C, g.gate_lora, nn.Sigmoid(), bias=False)
+        self.g_norm = nn.GroupNorm(H, C, eps=g.head_dim * g.norm_eps)
+
+
+class FFN(nn.Module):
+    def __init__(self, g: Geometry):
+        super().__init__()
+        self.x_k = nn.Parameter(torch.zeros(g.hidden))
+        self.key = nn.Linear(g.hidden, g.ffn, bias=False)
+        self.value = nn.Linear(g.ffn, g.hidden, bias=False)
+
+
+class Block(nn.Module):
+    def __init__(self, g: Geometry, layer: int):
+        super().__init__()
+        self.g, self.layer = g, layer
+        if layer == 0:
+            self.pre_norm = nn.LayerNorm(g.hidden, eps=g.norm_eps)
+        self.attn_norm = nn.LayerNorm(g.hidden, eps=g.norm_eps)
+        self.ffn_norm = nn.LayerNorm(g.hidden, eps=g.norm_eps)
+        self.attn = Attn(g, layer)
+        self.ffn = FFN(g)
+
+    def step(self, x, att_prev, ffn_prev, S, v_first):
+        """One token. x, att_prev, ffn_prev: [1,C]; S: [1,H,K,V]. Returns the new slices."""
+        H, N = self.g.heads, self.g.head_dim
+        at = self.attn
+        if self.layer == 0:
+            x = self.pre_norm(x)
+        h = self.attn_norm(x)
+        d = att_prev - h
+        xr, xw, xk, xv, xa, xg = (h + d * getattr(at, f"x_{m}").reshape(1, -1) for m in "rwkvag")
+        r, k, v = at.r_proj(xr), at.k_proj(xk), at.v_proj(xv)
+        logw = NEG_EXP_HALF * torch.sigmoid(at.w_lora(xw).float())
+        if self.layer == 0:
+            v_first = v
+        else:
+            v = v + (v_first - v) * torch.sigmoid(at.v_lora(xv))
+        a = torch.sigmoid(at.a_lora(xa))
+        gate = at.g_lora(xg)
+        kk = (k * at.k_k).float().reshape(1, H, N)
+        kk = kk * torch.rsqrt((kk * kk).sum(-1, keepdim=True) + 1e-12)  # explicit L2 norm with eps
+        k = k * (1 + (a - 1) * at.k_a)
+        dt = S.dtype
+        decay = torch.exp(logw).reshape(1, H, N, 1).to(dt)
+        kk = kk.to(dt)
+        kka = (kk * a.reshape(1, H, N).to(dt)).reshape(1, H, N, 1)
+        kh, vh, rh = k.reshape(1, H, N, 1).to(dt), v.reshape(1, H, 1, N).to(dt), r.reshape(1, H, N, 1).to(dt)
+        kkS = torch.matmul(kk.reshape(1, H, 1, N), S)                 # [1,H,1,V]
+        S_new = decay * S - torch.matmul(kka, kkS) + torch.matmul(kh, vh)
+        o = torch.matmul(S_new.transpose(-1, -2), rh).reshape(1, H * N).to(x.dtype)
+        o = at.g_norm(o)
+        bonus = (r.reshape(1, H, N) * k.reshape(1, H, N) * at.r_k).sum(-1, keepdim=True) * v.reshape(1, H, N)
+        o = o + bonus.reshape(1, H * N)
+        x = x + at.o_proj(o * gate)
+        h2 = self.ffn_norm(x)
+        kx = h2 + (ffn_prev - h2) * self.ffn.x_k
+        x = x + self.ffn.value(torch.relu(self.ffn.key(kx)) ** 2)
+        return x, h, h2, S_new, v_first
+
+
+class Backbone(nn.Module):
+    def __init__(self, g: Geometry):
+        super().__init__()
+        self.embeddings = nn.Embedding(g.vocab, g.hidden)
+        self.layers = nn.ModuleList(Block(g, i) for i in range(g.layers))
+        self.norm = nn.LayerNorm(g.hidden, eps=g.norm_eps)
+
+
+class RWKV7Decode(nn.Module):
+    """Entry point ``main``: one token in, logits out, both states updated once."""
+
+    def __init__(self, g: Geometry, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.g = g
+        self.model = Backbone(g)
+        self.lm_head = nn.Linear(g.hidden, g.vocab, bias=False)
+        self.register_buffer("recState", torch.zeros(g.layers, 1, g.heads, g.head_dim, g.head_dim, dtype=dtype))
+        self.register_buffer("shiftState", torch.zeros(g.layers, 1, 2, g.hidden, dtype=dtype))
+        self.to(dtype)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        del position_ids  # RWKV has no positions; kept as an input for engine parity
+        x = self.model.embeddings(input_ids.reshape(1).to(torch.int64))   # [1,C]
+        v_first = x  # replaced by layer 0
+        recs, shifts = [], []
+        for i, block in enumerate(self.model.layers):
+            x, att, ffn, S, v_first = block.step(x, self.shiftState[i, :, 0], self.shiftState[i, :, 1],
+                                                 self.recState[i], v_first)
+            recs.append(S)
+            shifts.append(torch.stack([att, ffn], dim=1))                  # [1,2,C]
+        # exactly one write per state per step
+        self.recState.copy_(torch.stack(recs))
+        self.shiftState.copy_(torch.stack(shifts))
+        logits = self.lm_head(self.model.norm(x))
+        return logits.reshape(1, 1, self.g.vocab)
+
+    def reset(self) -> None:
+        self.recState.zero_()
+        self.shiftState.zero_()
+
+
+def build_decode(weights: Mapping[str, torch.Tensor], g: Geometry, dtype: torch.dtype) -> RWKV7Decode:
+    """The decode module with the (normalised, HF-named) weights loaded strictly."""
+    module = RWKV7Decode(g, dtype)
+    state = {k: v.to(dtype) for k, v in weights.items()}
+    state["recState"] = module.recState
+    state["shiftState"] = module.shiftState
+    module.load_state_dict(state, strict=True, assign=True)
+    return module.eval()

@@ -1,0 +1,91 @@
+"""Atomic outputs and content hashes.
+
+Every stage writes into a temporary sibling and renames it into place at the
+end, so an interrupted or failing stage never leaves output that looks complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+CHUNK = 1 << 20
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def git_blob_sha1(path: str | Path) -> str:
+    """The git object id of a file (what the Hub lists as ``oid`` for non-LFS files)."""
+    size = os.path.getsize(path)
+    digest = hashlib.sha1(f"blob {size}\0".encode())
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def tree_files(root: str | Path) -> list[Path]:
+    """Every regular file below ``root``, as sorted relative paths."""
+    root = Path(root)
+    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+
+
+def tree_manifest(root: str | Path) -> dict[str, dict]:
+    """``{relpath: {sha256, size}}`` for every file below ``root``."""
+    root = Path(root)
+    return {
+        rel.as_posix(): {"sha256": sha256_file(root / rel), "size": (root / rel).stat().st_size}
+        for rel in tree_files(root)
+    }
+
+
+def dumps_json(value: object) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+@contextlib.contextmanager
+def atomic_path(final: str | Path, *, directory: bool = False) -> Iterator[Path]:
+    """Yield a temporary path beside ``final``; rename it onto ``final`` on success.
+
+    On an exception the temporary is removed and ``final`` is left untouched.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    target = tmp / final.name
+    if directory:
+        target.mkdir()
+    try:
+        yield target
+        _remove(final)
+        os.replace(target, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8", newline="\n")
+
+
+def write_json_atomic(path: str | Path, value: object) -> None:
+    write_text_atomic(path, dumps_json(value))
