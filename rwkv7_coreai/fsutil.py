@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Iterator
 
 CHUNK = 1 << 20
+# bookkeeping files that tools drop into directory outputs; never part of an artifact
+IGNORED = frozenset({".snakemake_timestamp", ".gitignore"})
 
 
 def sha256_file(path: str | Path) -> str:
@@ -39,7 +41,7 @@ def git_blob_sha1(path: str | Path) -> str:
 def tree_files(root: str | Path) -> list[Path]:
     """Every regular file below ``root``, as sorted relative paths."""
     root = Path(root)
-    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file() and p.name not in IGNORED)
 
 
 def tree_manifest(root: str | Path) -> dict[str, dict]:

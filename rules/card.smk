@@ -1,0 +1,19 @@
+rule card:
+    # Hugging Face model card from the measured numbers (template: rwkv7_coreai/templates/).
+    input:
+        source=f"{RES}/{{model}}/source",
+        vocab=f"{RES}/{{model}}/vocab/rwkv_vocab.tsv",
+        toolchain=f"{RES}/toolchain.json",
+        exports=lambda w: expand(f"{RES}/{w.model}/export/{{recipe}}", recipe=recipes_of(w.model)),
+        gates=lambda w: expand(f"{RES}/{w.model}/gate/{{recipe}}.json", recipe=recipes_of(w.model)),
+    output:
+        f"{RES}/{{model}}/card/README.md",
+    params:
+        settings=settings("card"),
+    log:
+        f"{RES}/logs/{{model}}/card.log",
+    conda:
+        "../envs/hub.yaml"
+    shell:
+        "python scripts/card.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "--results {RES} --out {output} --log {log}"

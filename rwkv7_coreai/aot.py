@@ -1,0 +1,61 @@
+"""Ahead-of-time specialisation per target.
+
+* ``universal`` (kind linux): the Linux lowering the Linux runtime loads -> ``<dir>.aimodelx``.
+* Apple device architectures (kind device): ``xcrun coreai-build compile`` (macOS, Xcode 27)
+  -> ``<dir>.<arch>.aimodelc``. Names are checked against the known list in config.py because
+  the compiler itself accepts any name.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from .config import DEVICE_ARCHITECTURES
+from .coreai_runtime import lower_universal
+from .errors import PipelineError
+from .fsutil import atomic_path
+
+
+def device_command(aimodel: Path, arch: str, platform: str, aot_cfg: dict, out_dir: Path) -> list[str]:
+    return ["xcrun", "coreai-build", "compile", str(aimodel),
+            "--platform", platform, "--architecture", arch,
+            "--preferred-compute", aot_cfg["preferred_compute"],
+            "--min-deployment-version", aot_cfg["min_deployment_version"],
+            "--output", str(out_dir)]
+
+
+def compile_device(aimodel: Path, arch: str, platform: str, aot_cfg: dict, out_dir: Path) -> Path:
+    if arch not in DEVICE_ARCHITECTURES.get(platform, ()):
+        raise PipelineError(f"target {arch}", f"is not a known {platform} architecture",
+                            f"use one of {', '.join(DEVICE_ARCHITECTURES.get(platform, ()))}")
+    if shutil.which("xcrun") is None:
+        raise PipelineError(f"target {arch}", "xcrun not found: device compilation needs macOS with Xcode 27 (coreai-build)",
+                            "run this rule on a Mac with Xcode 27, or build only the universal target here")
+    cmd = device_command(aimodel, arch, platform, aot_cfg, out_dir)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise PipelineError(f"target {arch}", f"coreai-build failed with exit {proc.returncode}: {last}",
+                            "check Xcode 27 is selected (xcode-select -p) and the bundle exports")
+    product = out_dir / f"{aimodel.stem}.{arch}.aimodelc"
+    if not product.exists():
+        raise PipelineError(product, "coreai-build exited 0 but wrote no compiled model",
+                            "check the Xcode version; the output name must be <dir>.<arch>.aimodelc")
+    return product
+
+
+def build_target(export_dir: Path, bundle_dir: str, target: str, target_cfg: dict, aot_cfg: dict,
+                 out_dir: Path) -> Path:
+    aimodel = export_dir / f"{bundle_dir}.aimodel"
+    if not aimodel.is_dir():
+        raise PipelineError(aimodel, "export bundle is missing", "run the export stage first")
+    with atomic_path(out_dir, directory=True) as tmp:
+        if target_cfg["kind"] == "linux":
+            lowered = tmp / f"{bundle_dir}.aimodelx"
+            lowered.mkdir()
+            lower_universal(aimodel, lowered)
+        else:
+            compile_device(aimodel, target, target_cfg.get("platform", "iOS"), aot_cfg, tmp)
+    return out_dir

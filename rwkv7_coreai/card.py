@@ -1,0 +1,143 @@
+"""The model card: rendered from a Jinja2 template with numbers read from the stage outputs.
+
+Sections between ``<!-- name begin -->`` and ``<!-- name end -->`` are managed: on
+regeneration they are rewritten in place, while text outside them (a maintainer's edits in
+the published card) is kept. The YAML front matter is managed too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+import yaml
+
+from .errors import PipelineError
+
+BLOCK = re.compile(r"<!-- (?P<name>[\w-]+) begin -->\n(?P<body>.*?)<!-- (?P=name) end -->", re.S)
+FRONT = re.compile(r"\A---\n.*?\n---\n", re.S)
+TAGS = ["coreai", "rwkv7", "rwkv", "linear-attention", "no-kv-cache", "text-generation"]
+TARGET_SUFFIX = {"linux": (".aimodelx", "Linux lowering for the Core AI runtime")}
+
+
+def blocks(text: str) -> dict[str, str]:
+    return {m["name"]: m["body"] for m in BLOCK.finditer(text)}
+
+
+def merge(existing: str | None, fresh: str) -> str:
+    """Rewrite the managed blocks and front matter of ``existing`` from ``fresh``; keep the rest.
+    Blocks new in ``fresh`` are appended at the end."""
+    if not existing:
+        return fresh
+    new_blocks = blocks(fresh)
+    seen = set()
+
+    def sub(m):
+        seen.add(m["name"])
+        body = new_blocks.get(m["name"], m["body"])
+        return f"<!-- {m['name']} begin -->\n{body}<!-- {m['name']} end -->"
+
+    out = BLOCK.sub(sub, existing)
+    fm = FRONT.match(fresh)
+    if fm:
+        out = FRONT.sub(lambda _: fm.group(0), out, count=1) if FRONT.match(out) else fm.group(0) + out
+    for name, body in new_blocks.items():
+        if name not in seen:
+            out = out.rstrip("\n") + f"\n\n<!-- {name} begin -->\n{body}<!-- {name} end -->\n"
+    return out
+
+
+def source_license(source_dir: Path, fallback: str | None) -> str:
+    readme = source_dir / "README.md"
+    if readme.is_file():
+        m = FRONT.match(readme.read_text(encoding="utf-8"))
+        if m:
+            meta = yaml.safe_load(m.group(0).strip("-\n")) or {}
+            if meta.get("license"):
+                return str(meta["license"])
+    if fallback:
+        return fallback
+    raise PipelineError(readme, "no license in the source card and none in config", "set models.<name>.license")
+
+
+def build_date(repo_root: Path = Path(".")) -> str:
+    """Reproducible: $SOURCE_DATE_EPOCH, else the date of the last commit that changed config.yaml."""
+    import os
+    from datetime import datetime, timezone
+
+    if os.environ.get("SOURCE_DATE_EPOCH"):
+        return datetime.fromtimestamp(int(os.environ["SOURCE_DATE_EPOCH"]), timezone.utc).strftime("%Y-%m-%d")
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%cs", "--", "config.yaml"], cwd=repo_root,
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    return out or "unknown (not built from a git checkout)"
+
+
+def group_layers(rows: list[dict]) -> str:
+    """``attn.r_proj`` ×24 … : layer names with the block index folded, in first-seen order."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        leaf = re.sub(r"^model\.layers\.\d+\.", "", r["layer"])
+        counts[leaf] = counts.get(leaf, 0) + 1
+    return ", ".join(f"`{k}`" + (f" ×{n}" if n > 1 else "") for k, n in counts.items())
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def context(model: str, mcfg: dict, cfg: dict, source_manifest: dict, exports: dict[str, dict],
+            gates: dict[str, dict], source_dir: Path, toolchain: dict, vocab_entries: int) -> dict:
+    g = source_manifest["geometry"]
+    recipes = []
+    for name in mcfg["recipes"]:
+        exp, gate = exports[name], gates[name]
+        q = cfg["recipes"][name].get("quantize")
+        kept_reasons = sorted({r["reason"] for r in exp["kept"]})
+        recipes.append({
+            "name": name, "bundle": exp["bundle"].removesuffix(".aimodel"), "size": _size(exp["size_bytes"]),
+            "weights": (f"int{q['bits']} + fp16" if q else {"float16": "fp16", "float32": "fp32"}[exp["state_dtype"]]),
+            "gate": gate, "quantized": exp["quantized"], "kept": exp["kept"], "kept_reasons": "; ".join(kept_reasons),
+            "quantized_groups": group_layers(exp["quantized"]), "kept_groups": group_layers(exp["kept"]),
+            "bits": f"int{q['bits']}" if q else None, "block": q["block_size"] if q else None,
+        })
+    targets = []
+    for t in mcfg["targets"]:
+        kind = cfg["targets"][t]["kind"]
+        suffix, what = TARGET_SUFFIX.get(kind, (f".{t}.aimodelc", f"compiled for {t} by coreai-build"))
+        targets.append({"name": t, "suffix": suffix, "what": what})
+    base_model = source_manifest["source"]["uri"].removeprefix("hf://") if source_manifest["source"]["kind"] == "hf" else None
+    front = {"license": source_license(source_dir, mcfg.get("license")), "library_name": "coreai",
+             "pipeline_tag": "text-generation", "tags": TAGS}
+    if base_model:
+        front["base_model"] = base_model
+    first = next(iter(exports.values()))
+    return {
+        "front_matter": yaml.safe_dump(front, sort_keys=True, allow_unicode=True),
+        "title": f"{mcfg['dir']} for Core AI", "description": mcfg.get("description", model), "model": model,
+        "source": source_manifest["source"], "g": g, "states": first["states"], "recipes": recipes,
+        "targets": targets, "gate_steps": cfg["gate"]["steps"], "n_prompts": len(cfg["gate"]["prompts"]),
+        "vocab_entries": vocab_entries, "device_numbers": mcfg.get("device_numbers") or {},
+        "weights_sha256": source_manifest["files"]["model.safetensors"]["sha256"],
+        "toolchain": toolchain, "build_date": build_date(),
+    }
+
+
+def render(ctx: dict) -> str:
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             loader=jinja2.FunctionLoader(
+                                 lambda name: resources.files(__package__).joinpath("templates", name).read_text()))
+    return env.get_template("model_card.md.j2").render(**ctx)
+
+
+def load_json(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise PipelineError(path, "missing", "run the stage that writes it") from None

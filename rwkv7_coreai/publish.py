@@ -1,0 +1,128 @@
+"""Publishing: stage the exact Hub tree, write a receipt, and upload it in one commit.
+
+Staging ``results/<model>/publish/``::
+
+    README.md
+    aimodel/<bundle>/<bundle>.aimodel/...          per shipped recipe (+ export.json, gate.json)
+    <target>/<bundle>/<bundle>.<target>.aimodelc   per AOT target (universal: <bundle>.aimodelx)
+    <target>/<bundle>/rwkv_vocab.tsv
+    publish.json                                   receipt: files, gate verdicts, what was committed
+                                                   (stays local: it records the commit id)
+
+The upload happens only when the model names a repo, ``publish.push`` is on and a token is
+in the environment (``HF_TOKEN``); otherwise the output says plainly that it only staged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from .errors import PipelineError
+from .fsutil import IGNORED, atomic_path, dumps_json, tree_manifest
+
+RECEIPT = "publish.json"
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """Hard-link (or copy, across devices) a file or directory tree."""
+    if src.is_dir():
+        shutil.copytree(src, dst, copy_function=_link_file, ignore=shutil.ignore_patterns(*IGNORED))
+    else:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        _link_file(src, dst)
+
+
+def _link_file(src, dst) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def check_gates(gates: dict[str, Path]) -> dict[str, dict]:
+    verdicts = {}
+    for recipe, path in gates.items():
+        try:
+            data = json.loads(Path(path).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            raise PipelineError(path, f"recipe {recipe} has no readable gate result",
+                                "run the gate; a bundle without a passing gate is never published") from None
+        if data.get("pass") is not True:
+            raise PipelineError(path, f"recipe {recipe} did not pass its gate", "fix the export; failing bundles are not published")
+        verdicts[recipe] = {k: data[k] for k in ("pass", "steps", "agree_counted", "counted", "near_ties",
+                                                 "max_abs_dlogits", "mean_kl", "bundle_sha256")}
+    return verdicts
+
+
+def stage(out: Path, card: Path, vocab: Path, exports: dict[str, Path], aots: dict[tuple[str, str], Path],
+          gates: dict[str, Path], meta: dict) -> dict:
+    """Build the staging tree atomically; returns the receipt (without push results)."""
+    verdicts = check_gates(gates)
+    with atomic_path(out, directory=True) as tmp:
+        _link_tree(card, tmp / "README.md")
+        for recipe, export_dir in exports.items():
+            record = json.loads((export_dir / "export.json").read_text())
+            bundle = record["bundle"].removesuffix(".aimodel")
+            _link_tree(export_dir / record["bundle"], tmp / "aimodel" / bundle / record["bundle"])
+            _link_tree(export_dir / "export.json", tmp / "aimodel" / bundle / "export.json")
+            _link_tree(gates[recipe], tmp / "aimodel" / bundle / "gate.json")
+            for (target, r), aot_dir in aots.items():
+                if r != recipe:
+                    continue
+                for product in sorted(p for p in aot_dir.iterdir() if p.name not in IGNORED):
+                    _link_tree(product, tmp / target / bundle / product.name)
+                _link_tree(vocab, tmp / target / bundle / "rwkv_vocab.tsv")
+        receipt = {**meta, "gates": verdicts, "files": tree_manifest(tmp)}
+        (tmp / RECEIPT).write_text(dumps_json(receipt))
+    return receipt
+
+
+def token_from_env() -> str | None:
+    return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
+
+
+def remote_card(repo: str, token: str) -> str | None:
+    """The README.md currently published (a maintainer may have edited it), or None."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub import errors as hf_errors
+
+    try:
+        return Path(hf_hub_download(repo, "README.md", token=token)).read_text(encoding="utf-8")
+    except (hf_errors.EntryNotFoundError, hf_errors.RepositoryNotFoundError, hf_errors.RevisionNotFoundError):
+        return None
+
+
+def push(out: Path, receipt: dict, repo: str, message: str, token: str) -> dict:
+    """Upload the staging tree (the receipt stays local: it records the commit) in ONE commit.
+    The published card's maintainer edits are kept: only its managed blocks are rewritten."""
+    import tempfile
+
+    from .card import merge
+    from .hub_upload import upload_tree
+
+    os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
+    with tempfile.TemporaryDirectory(prefix=".upload.", dir=out.parent) as tmp:
+        view = Path(tmp)
+        for rel in receipt["files"]:
+            if rel != "README.md":
+                _link_tree(out / rel, view / rel)
+        card = (out / "README.md").read_text(encoding="utf-8")
+        (view / "README.md").write_text(merge(remote_card(repo, token), card), encoding="utf-8")
+        result = upload_tree(repo, view, message=message, token=token)
+    receipt = {**receipt, "push": {"pushed": True, **result}}
+    with atomic_path(out / RECEIPT) as tmp_receipt:
+        tmp_receipt.write_text(dumps_json(receipt))
+    return receipt
+
+
+def decide(publish_cfg: dict) -> tuple[bool, str]:
+    if not publish_cfg.get("repo"):
+        return False, "staging only: no publish.repo configured for this model"
+    if not publish_cfg.get("push"):
+        return False, f"staging only: publish.push is off (would publish to {publish_cfg['repo']})"
+    if not token_from_env():
+        return False, f"staging only: no HF_TOKEN in the environment (would publish to {publish_cfg['repo']})"
+    return True, f"publishing to {publish_cfg['repo']}"
