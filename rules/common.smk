@@ -1,5 +1,6 @@
 # Shared helpers: the config file the stages read, wildcard constraints, target lists.
 import json
+import os
 import re
 
 from rwkv7_coreai import config as cfgmod
@@ -46,3 +47,9 @@ def targets_of(model):
 
 def publish_targets():
     return expand(f"{RES}/{{model}}/publish", model=MODELS)
+
+
+onsuccess:
+    # Record what Snakemake built in DVC, so `dvc status` is clean and `dvc push` has it.
+    if os.path.isdir(".dvc"):
+        shell("python scripts/dvc_record.py")

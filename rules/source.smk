@@ -1,10 +1,12 @@
 rule toolchain:
-    # Versions that shape a bundle. A new Core AI beta changes `params`, Snakemake reruns this
-    # rule, and everything built with the old toolchain is rebuilt.
+    # Versions and code that shape a bundle. A new Core AI beta (or a code change) changes
+    # `params`, Snakemake reruns this rule, and every export and what follows is rebuilt.
     output:
         f"{RES}/toolchain.json",
+    input:
+        "requirements.txt",
     params:
-        versions=json.dumps(toolchain.versions(), sort_keys=True),
+        record=json.dumps(toolchain.record(), sort_keys=True),
     log:
         f"{RES}/logs/toolchain.log",
     conda:

@@ -153,7 +153,7 @@ def card(argv=None) -> int:
     ctx = c.context(ns.model, m, cfg, read_manifest(lay.source),
                     {r: c.load_json(lay.export(r) / "export.json") for r in m["recipes"]},
                     {r: c.load_json(lay.gate_json(r)) for r in m["recipes"]}, lay.source,
-                    c.load_json(lay.toolchain), len(read_tsv(lay.vocab)))
+                    c.load_json(lay.toolchain)["versions"], len(read_tsv(lay.vocab)))
     existing = ns_existing.read_text(encoding="utf-8") if ns_existing.is_file() else None
     write_text_atomic(ns.out, c.merge(existing, c.render(ctx)))
     log.info("card %s -> %s%s", ns.model, ns.out, f" (merged into {ns_existing})" if existing else "")
@@ -164,11 +164,14 @@ def publish(argv=None) -> int:
     from . import publish as p
     from .source import read_manifest
 
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_XET", "1")  # read by huggingface_hub at import time
     ns = _parser("publish", "model", "results", "out").parse_args(argv)
     cfg = _setup(ns)
     m, lay = cfgmod.model(cfg, ns.model), Layout(ns.results, ns.model)
     manifest = read_manifest(lay.source)
-    versions = c_load(lay.toolchain)
+    versions = c_load(lay.toolchain)["versions"]
     do_push, why = p.decide(m["publish"])
     message = (f"{m['dir']}: Core AI bundles ({', '.join(m['recipes'])}) from {manifest['source']['uri']}"
                f"@{manifest['source']['revision'] or 'local'}; coreai-core {versions['coreai-core']}, "
@@ -201,8 +204,8 @@ def toolchain(argv=None) -> int:
 
     ns = _parser("toolchain", "out").parse_args(argv)
     _setup(ns)
-    write_json_atomic(ns.out, tc.versions())
-    log.info("toolchain: %s", json.dumps(tc.versions(), sort_keys=True))
+    write_json_atomic(ns.out, tc.record())
+    log.info("toolchain: %s", json.dumps(tc.record(), sort_keys=True))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -81,7 +81,7 @@ def _publish(repo_id: str, local: dict[str, Path], *, message: str, token: str, 
             if isinstance(entry, RepoFile):
                 remote[entry.path] = entry
 
-    changed = list(paths)
+    changed = [p for p in paths if not _same(local[p], remote.get(p))]
     skipped = sorted(set(paths) - set(changed))
     out = {"commit": None, "committed": [], "skipped": skipped, "repo": repo_id, "revision": revision}
     if not changed:

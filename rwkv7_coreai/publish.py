@@ -91,8 +91,8 @@ def remote_card(repo: str, token: str) -> str | None:
 
     try:
         return Path(hf_hub_download(repo, "README.md", token=token)).read_text(encoding="utf-8")
-    except (hf_errors.EntryNotFoundError, hf_errors.RepositoryNotFoundError, hf_errors.RevisionNotFoundError):
-        return None
+    except (hf_errors.RemoteEntryNotFoundError, hf_errors.RepositoryNotFoundError, hf_errors.RevisionNotFoundError):
+        return None  # nothing published yet; any other error propagates (never overwrite edits blindly)
 
 
 def push(out: Path, receipt: dict, repo: str, message: str, token: str) -> dict:
@@ -103,7 +103,6 @@ def push(out: Path, receipt: dict, repo: str, message: str, token: str) -> dict:
     from .card import merge
     from .hub_upload import upload_tree
 
-    os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
     with tempfile.TemporaryDirectory(prefix=".upload.", dir=out.parent) as tmp:
         view = Path(tmp)
         for rel in receipt["files"]:

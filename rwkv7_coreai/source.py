@@ -54,6 +54,7 @@ def fetch_hf(repo: str, revision: str, allow_patterns: list[str] | None) -> Path
     if not HEX40.match(revision):
         raise PipelineError(where, "revision is not a full 40-hex commit hash",
                             "pin the exact commit (python scripts/pin_revision.py MODEL)")
+    import httpx2  # huggingface_hub 2.4's transport; its network errors are not OSErrors
     from huggingface_hub import snapshot_download
     from huggingface_hub import errors as hf_errors
 
@@ -64,12 +65,12 @@ def fetch_hf(repo: str, revision: str, allow_patterns: list[str] | None) -> Path
     except hf_errors.RepositoryNotFoundError:
         raise PipelineError(where, "repository not found (or private without a token)",
                             "check source.repo in config.yaml, or set HF_TOKEN for a private repo") from None
-    except hf_errors.EntryNotFoundError as exc:
-        raise PipelineError(where, f"a file is missing on the Hub ({_first_line(exc)})", "check allow_patterns") from None
-    except hf_errors.LocalEntryNotFoundError:
+    except hf_errors.LocalEntryNotFoundError:  # before EntryNotFoundError: it is a subclass
         raise PipelineError(where, "files not in the local cache and the Hub could not be reached (or a file is missing)",
                             "run once with network access, or unset HF_HUB_OFFLINE") from None
-    except (hf_errors.HfHubHTTPError, OSError) as exc:
+    except hf_errors.RemoteEntryNotFoundError as exc:
+        raise PipelineError(where, f"a file is missing on the Hub ({_first_line(exc)})", "check allow_patterns") from None
+    except (hf_errors.HfHubHTTPError, OSError, httpx2.TransportError) as exc:
         raise PipelineError(where, f"download failed ({type(exc).__name__}: {_first_line(exc)})",
                             "retry; the cache keeps what was already downloaded") from None
     if not snapshot.is_dir() or not any(snapshot.iterdir()):

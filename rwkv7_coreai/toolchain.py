@@ -16,3 +16,21 @@ def versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             out[pkg] = "absent"
     return out
+
+
+def code_fingerprint() -> str:
+    """sha256 over the package's code, templates and schemas (content, not mtimes): a change
+    reruns the toolchain stage in Snakemake (params) and DVC (deps), and so every export."""
+    import hashlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def record() -> dict:
+    return {"versions": versions(), "code_sha256": code_fingerprint()}

@@ -254,7 +254,10 @@ class HubServer:
                                      message or f"injected {status}"))
 
     def truncate(self, repo_id: str, path: str, *, at: int, times: int = 1) -> None:
-        """The next ``times`` GETs of ``path`` send ``at`` body bytes (of the announced length) then hang up."""
+        """The next ``times`` GETs of ``path`` send ``at`` body bytes (of the announced length) then hang up.
+
+        huggingface_hub 2.4.0 writes a body in 10 MiB chunks and resumes (``Range: bytes=N-``) from what
+        it wrote, so a cut inside the first 10 MiB makes it start over without ``Range``."""
         with self.lock:
             self.truncations[(repo_id, path)] = [at, times]
 
@@ -380,7 +383,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise HubError(401, "Invalid username or password.")
 
     def _route(self, seg: list[str], query: dict, body: bytes) -> None:
-        m = self.command
+        m, resolved = self.command, None
         with self.hub.lock:
             if seg[:2] == ["api", "models"] and len(seg) >= 4:
                 repo, rest = self._repo(seg[2], seg[3]), seg[4:]
@@ -414,15 +417,14 @@ class _Handler(BaseHTTPRequestHandler):
                 if blob is None:
                     raise HubError(404, f"Entry not found: {path}", "EntryNotFound", {"X-Repo-Commit": commit.oid})
                 key = (repo.repo_id, path)
+                truncate_at = None
                 trunc = self.hub.truncations.get(key)
                 if m == "GET" and trunc is not None and trunc[1] > 0:
                     trunc[1] -= 1
                     truncate_at = trunc[0]
-                else:
-                    truncate_at = None
-                corrupt = key in self.hub.corrupted
-        if len(seg) >= 5 and seg[2] == "resolve" and m in ("GET", "HEAD"):
-            return self._resolve(commit, blob, truncate_at, corrupt)  # outside the lock: may stream
+                resolved = (commit, blob, truncate_at, key in self.hub.corrupted)
+        if resolved is not None:
+            return self._resolve(*resolved)  # file bodies are sent outside the lock
         raise HubError(404, f"hubserver: no route for {m} /{'/'.join(seg)}")
 
     # --- download --------------------------------------------------------------------------------

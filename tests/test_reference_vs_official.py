@@ -61,8 +61,12 @@ state, logits = None, []
 for t in tokens:
     out, state = model.forward([t], state)
     logits.append(out.detach().clone())
-torch.save({"type": type(model).__name__, "logits": torch.stack(logits),
-            "state": [s.detach().clone() for s in state]}, sys.argv[3])
+state = [s.detach().clone() for s in state]
+# the official sequence path (RWKV_x070_TMix_seq) on a fresh state, all positions
+seq_logits, seq_state = model.forward(list(tokens), None, full_output=True)
+torch.save({"type": type(model).__name__, "logits": torch.stack(logits), "state": state,
+            "seq_logits": seq_logits.detach().clone(), "seq_state": [s.detach().clone() for s in seq_state]},
+           sys.argv[3])
 """
 
 
@@ -167,6 +171,8 @@ def get_case(tmp_path_factory):
             cache[name] = {"name": name, "g": g, "sd": sd, "tokens": tokens,
                            "off_logits": official["logits"],
                            "off_state": official_state_as_ours(official["state"], g),
+                           "seq_logits": official["seq_logits"],
+                           "seq_state": official_state_as_ours(official["seq_state"], g),
                            "ours_logits": ours_logits, "ours_state": ours_state}
         return cache[name]
 
@@ -191,6 +197,13 @@ def test_reference_matches_official(case):
     res = compare(case["ours_logits"], case["ours_state"], case["off_logits"], case["off_state"])
     print(f"[{case['name']}] max|Δlogits| {res.max_dlogit:.3g}; state max|Δ| "
           + ", ".join(f"{k} {v:.3g}" for k, v in res.state_diff.items()))
+    assert res.violations() == []
+
+
+def test_reference_matches_official_sequence_path(case):
+    """BlinkDL's whole-sequence entry point (forward_seq, full_output) gives the same answer."""
+    assert case["seq_logits"].shape == case["off_logits"].shape
+    res = compare(case["ours_logits"], case["ours_state"], case["seq_logits"], case["seq_state"])
     assert res.violations() == []
 
 
