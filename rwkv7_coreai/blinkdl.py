@@ -23,7 +23,7 @@ _VEC = ("k_k", "k_a")  # [1,1,C] in BlinkDL, [C] in fla
 
 
 def is_blinkdl(names) -> bool:
-    return "emb.weight" in names and any(n.startswith("blocks.") for n in names)
+    return any(n.startswith("blocks.") for n in names)
 
 
 def to_hf(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -48,6 +48,8 @@ def to_hf(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             out[f"{p}attn.{_PROJ[proj.group(1)]}.weight"] = t
         elif lora:
             which, idx = lora.groups()
+            if which == "v" and m.group(1) == "0":
+                continue  # some RWKV-LM versions store v0/v1/v2 in layer 0 too; x070 never uses them
             if idx == "1":
                 out[f"{p}attn.{which}_lora.lora.0.weight"] = t.t().contiguous()
             elif idx == "2":

@@ -276,10 +276,8 @@ def test_source_path_missing(vocab_cfg, tmp_path):
     assert "nope" in _message(excinfo)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: BlinkDL x070 .pth files from RWKV-LM versions that create v0/v1/v2 in every layer carry "
-    "blocks.0.att.v0/v1/v2, which x070 never uses (rwkv.model replaces them with empty tensors, fla's "
-    "convert_from_rwkv7.py skips them); normalize() rejects them as unexpected tensors"))
+# BlinkDL x070 .pth files from RWKV-LM versions that create v0/v1/v2 in every layer carry
+# blocks.0.att.v0/v1/v2, which x070 never uses (rwkv.model replaces them with empty tensors).
 def test_blinkdl_unused_layer0_v_lora_is_accepted(sd, tmp_path):
     tensors = blinkdl.from_hf(sd)
     tensors["blocks.0.att.v0"] = torch.ones(1, 1, G.hidden)

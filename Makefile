@@ -1,0 +1,39 @@
+# Two commands on a fresh machine:  make publish   |   make test
+# Both create .venv with the pinned toolchain first (torch 2.13.0 comes from local disk).
+PY      ?= python3.11
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+export PATH := $(abspath $(BIN)):$(PATH)
+export DVC_NO_ANALYTICS := 1
+export HF_HUB_DISABLE_TELEMETRY := 1
+
+.PHONY: setup publish test lint dvc-repro bench clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt requirements-test.txt pyproject.toml
+	@command -v $(PY) >/dev/null || { echo "error: $(PY) not found -- fix: install Python 3.11 or run make PY=/path/to/python3.11"; exit 1; }
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -r requirements-test.txt
+	$(BIN)/pip install -q --no-deps -e .
+	touch $@
+
+publish: setup
+	snakemake --cores 1 publish
+
+dvc-repro: setup
+	dvc repro
+
+test: setup
+	bash .ci/pytest.sh
+
+lint: setup
+	snakemake --lint
+	python scripts/gen_dvc.py --check
+
+bench: setup
+	python bench/bench_export_gate.py
+
+clean:
+	rm -rf results .snakemake
