@@ -27,17 +27,44 @@ def example_inputs() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32)
 
 
-def convert(module: torch.nn.Module, out: Path) -> None:
-    """torch.export + coreai-torch conversion of the decode module into ``out`` (.aimodel)."""
+WRITE_OPS = {"copy_", "index_put_", "fill_", "zero_", "add_", "mul_"}
+VIEW_OPS = {"select", "slice", "view", "reshape", "unsqueeze", "squeeze", "narrow", "as_strided", "expand",
+            "permute", "transpose", "t", "alias"}
+
+
+def state_writes(ep) -> dict[str, int]:
+    """How many in-place writes each state buffer receives per call, read off the exported graph
+    (before functionalisation merges them). The device GPU delegate keeps only one of several
+    writes to a state in a step, so anything but exactly 1 is a broken bundle."""
+    placeholder_to_buffer = dict(ep.graph_signature.inputs_to_buffers)
+    counts = {name: 0 for name in STATE_NAMES}
+    for node in ep.graph.nodes:
+        if node.op != "call_function" or getattr(node.target, "_opname", None) not in WRITE_OPS:
+            continue
+        base = node.args[0]
+        while getattr(base, "op", None) == "call_function" and getattr(base.target, "_opname", None) in VIEW_OPS:
+            base = base.args[0]
+        buffer = placeholder_to_buffer.get(getattr(base, "name", None))
+        if buffer in counts:
+            counts[buffer] += 1
+    return counts
+
+
+def convert(module: torch.nn.Module, out: Path) -> dict[str, int]:
+    """torch.export + coreai-torch conversion of the decode module into ``out`` (.aimodel).
+    Returns the number of writes per state (see :func:`state_writes`)."""
     import coreai_torch
     from coreai.authoring.asset import AIModelAsset
 
-    ep = torch.export.export(module, example_inputs()).run_decompositions(coreai_torch.get_decomp_table())
+    ep = torch.export.export(module, example_inputs())
+    writes = state_writes(ep)
+    ep = ep.run_decompositions(coreai_torch.get_decomp_table())
     converter = coreai_torch.TorchConverter(mode=coreai_torch.TorchConverter.Mode.RELEASE)
     converter.add_exported_program(ep, input_names=list(INPUT_NAMES), output_names=list(OUTPUT_NAMES),
                                    state_names=list(STATE_NAMES), entrypoint_name="main")
     converter.to_coreai().save_asset(out)
     AIModelAsset.load(out).update_metadata(lambda m: setattr(m, "creation_date", REPRODUCIBLE_EPOCH))
+    return writes
 
 
 def export_recipe(source_dir: Path, recipe_name: str, recipe: dict, bundle_dir: str, out_dir: Path) -> dict:
@@ -59,7 +86,7 @@ def export_recipe(source_dir: Path, recipe_name: str, recipe: dict, bundle_dir: 
     with atomic_path(out_dir, directory=True) as tmp:
         aimodel = tmp / f"{bundle_dir}.aimodel"
         try:
-            convert(module, aimodel)
+            writes = convert(module, aimodel)
         except PipelineError:
             raise
         except Exception as exc:  # noqa: BLE001 - the converter raises many types
@@ -72,7 +99,7 @@ def export_recipe(source_dir: Path, recipe_name: str, recipe: dict, bundle_dir: 
             "function": "main", "inputs": list(INPUT_NAMES), "outputs": list(OUTPUT_NAMES),
             "states": {"recState": [geom.layers, 1, geom.heads, geom.head_dim, geom.head_dim],
                        "shiftState": [geom.layers, 1, 2, geom.hidden]},
-            "state_dtype": recipe["dtype"], "geometry": geom.as_dict(),
+            "state_dtype": recipe["dtype"], "geometry": geom.as_dict(), "state_writes_per_step": writes,
             "quantized": [r for r in layers if r["action"].startswith("int")],
             "kept": [r for r in layers if not r["action"].startswith("int")],
             "size_bytes": sum(f["size"] for f in files.values()), "files": files,

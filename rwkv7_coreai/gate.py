@@ -74,6 +74,20 @@ def compare(ref_logits: np.ndarray, eng_logits: np.ndarray, epsilon: float) -> d
             "kl": float(np.sum(np.exp(lp) * (lp - lq)))}
 
 
+def contract_problems(export_record: dict) -> list[str]:
+    """Structural checks the numbers cannot see on this host (the Linux runtime executes
+    several writes to one state correctly; the device GPU delegate keeps only one)."""
+    problems = []
+    writes = export_record.get("state_writes_per_step")
+    if writes is None:
+        problems.append("export.json does not record state writes per step")
+    else:
+        for name, n in sorted(writes.items()):
+            if n != 1:
+                problems.append(f"state {name} is written {n} times per step (must be exactly once, at the end)")
+    return problems
+
+
 def verdict(rows: list[dict], thresholds: dict) -> dict:
     counted = [r for r in rows if not r["near_tie"]]
     ties = [r for r in rows if r["near_tie"]]
@@ -117,7 +131,11 @@ def run_gate(aimodelx: Path, export_record: dict, stream: dict, settings: dict,
             rows.append(row)
     seconds = time.perf_counter() - t0
     result = verdict(rows, settings["thresholds"])
-    result.update({"near_tie_epsilon": eps, "thresholds": settings["thresholds"],
+    contract = contract_problems(export_record)
+    if contract:
+        result["pass"] = False
+        result["reasons"] = contract + result["reasons"]
+    result.update({"state_writes_per_step": export_record.get("state_writes_per_step"), "near_tie_epsilon": eps, "thresholds": settings["thresholds"],
                    "prompts": settings["prompts"], "runtime_seconds": round(seconds, 2),
                    "seconds_per_step": round(seconds / len(rows), 4)})
     return result, rows

@@ -1,0 +1,461 @@
+"""The model card (rwkv7_coreai.card and the ``card`` CLI) on a copy of the tiny pipeline run.
+
+Every test works on a private copy of what the card stage reads from ``results/`` (source manifest
+and README, export.json / gate JSON per recipe, vocab, toolchain.json) and of ``config.yaml``; the
+real ``results/`` tree is never touched. Metrics are changed in the copy and the rendered card must
+show exactly the changed values: nothing in the card is typed by hand.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rwkv7_coreai import card as c
+from rwkv7_coreai import cli
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS = REPO_ROOT / "results"
+MODEL = "rwkv7-tiny"
+RECIPES = ["fp32", "fp16", "int8keepproj"]
+EPOCH = "1767225600"  # 2026-01-01T00:00:00Z
+TAGS = {"coreai", "rwkv7", "rwkv", "linear-attention", "no-kv-cache"}
+HEADER = ["recipe", "weights", "size on disk", "top-1 agreed / counted", "near-ties", "max abs Δlogits", "mean KL",
+          "gate"]
+
+pytestmark = pytest.mark.skipif(not (RESULTS / MODEL / "gate" / "fp16.json").is_file(),
+                                reason="needs the tiny pipeline run in results/ (snakemake --cores 1)")
+
+
+# --- helpers -------------------------------------------------------------------------------------
+def copy_card_inputs(dst: Path) -> Path:
+    """Copy what the card stage reads (small files only) into ``dst``; returns the results root."""
+    src = RESULTS / MODEL
+    out = dst / MODEL
+    for rel in ["source/manifest.json", "source/README.md", "vocab/rwkv_vocab.tsv",
+                *(f"export/{r}/export.json" for r in RECIPES), *(f"gate/{r}.json" for r in RECIPES)]:
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / rel, out / rel)
+    shutil.copyfile(RESULTS / "toolchain.json", dst / "toolchain.json")
+    return dst
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def edit_json(path: Path, **changes) -> dict:
+    data = read_json(path)
+    data.update(changes)
+    path.write_text(json.dumps(data, indent=2))
+    return data
+
+
+def write_config(path: Path, **model_changes) -> Path:
+    """A copy of config.yaml with ``models.rwkv7-tiny`` updated (None deletes a key)."""
+    cfg = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
+    for key, value in model_changes.items():
+        if value is None:
+            cfg["models"][MODEL].pop(key, None)
+        else:
+            cfg["models"][MODEL][key] = value
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
+    return path
+
+
+def front_matter(card: str) -> dict:
+    m = re.match(r"\A---\n(.*?\n)---\n", card, re.S)
+    assert m, f"no YAML front matter at the top of the card:\n{card[:300]}"
+    meta = yaml.safe_load(m.group(1))
+    assert isinstance(meta, dict)
+    return meta
+
+
+def block(card: str, name: str) -> str:
+    found = c.blocks(card)
+    assert name in found, f"managed block {name!r} missing; have {sorted(found)}"
+    return found[name]
+
+
+def table_row(card: str, recipe: str) -> dict[str, str]:
+    """The recipes-table row of ``recipe`` as {column header: cell text}."""
+    lines = block(card, "recipes").splitlines()
+    header = next(line for line in lines if line.startswith("| recipe |"))
+    assert [h.strip() for h in header.strip("|").split("|")] == HEADER
+    rows = [line for line in lines if line.startswith(f"| `{recipe}` |")]
+    assert len(rows) == 1, f"expected one row for {recipe}: {rows}"
+    cells = [cell.strip() for cell in rows[0].strip().strip("|").split("|")]
+    assert len(cells) == len(HEADER)
+    return dict(zip(HEADER, cells))
+
+
+@pytest.fixture(autouse=True)
+def _quiet_logging():
+    """The CLI points the root logger at the (captured) stdout and a log file; undo that after each test."""
+    yield
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    """A private results copy + config copy; the cwd is an empty tmp dir (no maintainer card unless a test
+    adds cards/<model>.md) and the build date is pinned."""
+    results = copy_card_inputs(tmp_path / "results")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", EPOCH)
+    config = write_config(cwd / "config.yaml")
+    return {"results": results, "cwd": cwd, "config": config, "tmp": tmp_path}
+
+
+_RUNS = [0]
+
+
+def render_card(work, config: Path | None = None, *, out: Path | None = None, capsys=None) -> str:
+    """Run the card CLI on the copied results; returns the card text."""
+    _RUNS[0] += 1
+    out = out or work["tmp"] / "out" / f"card{_RUNS[0]}" / "README.md"
+    rc = cli.card(["--config-file", str(config or work["config"]), "--model", MODEL,
+                   "--results", str(work["results"]), "--out", str(out)])
+    if capsys is not None:
+        captured = capsys.readouterr()
+        assert rc == 0, captured.err
+    assert rc == 0
+    return out.read_text(encoding="utf-8")
+
+
+def model_dir(work) -> Path:
+    return work["results"] / MODEL
+
+
+# --- numbers come from the metrics ---------------------------------------------------------------
+def test_recipes_table_shows_exactly_the_measured_numbers(work, capsys):
+    base = model_dir(work)
+    gate = edit_json(base / "gate" / "fp16.json", agree_counted=101, counted=113, near_ties=7,
+                     max_abs_dlogits=0.123456, mean_kl=0.000314159)
+    edit_json(base / "export" / "fp16" / "export.json", size_bytes=12_345_678)
+    edit_json(base / "gate" / "int8keepproj.json", agree_counted=99, counted=100, near_ties=11,
+              max_abs_dlogits=2.5e-7, mean_kl=0.5, **{"pass": False})
+    edit_json(base / "export" / "int8keepproj" / "export.json", size_bytes=1_234_567_890)
+
+    card = render_card(work, capsys=capsys)
+
+    assert table_row(card, "fp16") == {
+        "recipe": "`fp16`", "weights": "fp16", "size on disk": "12.3 MB", "top-1 agreed / counted": "101 / 113",
+        "near-ties": "7", "max abs Δlogits": "0.123", "mean KL": "0.00031", "gate": "pass"}
+    assert table_row(card, "int8keepproj") == {
+        "recipe": "`int8keepproj`", "weights": "int8 + fp16", "size on disk": "1.23 GB",
+        "top-1 agreed / counted": "99 / 100", "near-ties": "11", "max abs Δlogits": "2.5e-07", "mean KL": "0.5",
+        "gate": "FAIL"}
+    # the untouched recipe still shows its own measured values, formatted the same way
+    fp32_gate = read_json(base / "gate" / "fp32.json")
+    fp32_export = read_json(base / "export" / "fp32" / "export.json")
+    row = table_row(card, "fp32")
+    assert row["top-1 agreed / counted"] == f"{fp32_gate['agree_counted']} / {fp32_gate['counted']}"
+    assert row["near-ties"] == str(fp32_gate["near_ties"])
+    assert row["max abs Δlogits"] == "%.3g" % fp32_gate["max_abs_dlogits"]
+    assert row["size on disk"] == f"{fp32_export['size_bytes'] / 1e6:.1f} MB"
+    # the intro of the block takes its step/prompt counts from the config
+    cfg = yaml.safe_load(work["config"].read_text())
+    assert f"({cfg['gate']['steps']} steps over {len(cfg['gate']['prompts'])} chat prompts)" in block(card, "recipes")
+    assert gate["steps"] == cfg["gate"]["steps"]
+
+
+def test_table_has_one_row_per_configured_recipe_in_config_order(work, capsys):
+    card = render_card(work, capsys=capsys)
+    rows = [line.split("|")[1].strip() for line in block(card, "recipes").splitlines() if line.startswith("| `")]
+    assert rows == [f"`{r}`" for r in RECIPES]
+    # a config shipping fewer recipes gives fewer rows (and reads nothing of the others)
+    shutil.rmtree(model_dir(work) / "export" / "fp32")
+    (model_dir(work) / "gate" / "fp32.json").unlink()
+    config = write_config(work["cwd"] / "two.yaml", recipes=["fp16", "int8keepproj"])
+    card = render_card(work, config, capsys=capsys)
+    rows = [line.split("|")[1].strip() for line in block(card, "recipes").splitlines() if line.startswith("| `")]
+    assert rows == ["`fp16`", "`int8keepproj`"]
+    assert "fp32" not in block(card, "layout")
+
+
+def test_missing_metrics_is_a_one_line_error(work, capsys):
+    (model_dir(work) / "gate" / "fp16.json").unlink()
+    rc = cli.card(["--config-file", str(work["config"]), "--model", MODEL, "--results", str(work["results"]),
+                   "--out", str(work["tmp"] / "out" / "README.md")])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert str(model_dir(work) / "gate" / "fp16.json") in err
+    assert not (work["tmp"] / "out" / "README.md").exists()
+
+
+# --- front matter ----------------------------------------------------------------------------------
+def test_front_matter_is_valid_yaml_with_the_hub_metadata(work, capsys):
+    meta = front_matter(render_card(work, capsys=capsys))
+    assert meta["license"] == "apache-2.0"
+    assert meta["library_name"] == "coreai"
+    assert meta["pipeline_tag"] == "text-generation"
+    assert TAGS <= set(meta["tags"])
+    assert len(meta["tags"]) == len(set(meta["tags"]))
+    assert "base_model" not in meta  # synthetic source: there is no base model on the Hub
+
+
+def test_license_is_inherited_from_the_source_card(work, capsys):
+    readme = model_dir(work) / "source" / "README.md"
+    text = readme.read_text()
+    assert "license: apache-2.0" in text
+    readme.write_text(text.replace("license: apache-2.0", "license: mit"))
+    assert front_matter(render_card(work, capsys=capsys))["license"] == "mit"
+
+    # no license in the source card: the config's models.<name>.license is the fallback
+    readme.write_text("---\npipeline_tag: text-generation\n---\n\nNo license here.\n")
+    config = write_config(work["cwd"] / "lic.yaml", license="bsd-3-clause")
+    assert front_matter(render_card(work, config, capsys=capsys))["license"] == "bsd-3-clause"
+
+    # neither: a one-line error naming the source card, no card written
+    config = write_config(work["cwd"] / "nolic.yaml", license=None)
+    out = work["tmp"] / "nolic" / "README.md"
+    rc = cli.card(["--config-file", str(config), "--model", MODEL, "--results", str(work["results"]),
+                   "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert str(readme) in err
+    assert not out.exists()
+
+
+def test_base_model_is_named_for_a_hub_source(work, capsys):
+    manifest_path = model_dir(work) / "source" / "manifest.json"
+    manifest = read_json(manifest_path)
+    manifest["source"] = {"kind": "hf", "uri": "hf://RWKV/RWKV7-Goose-World3-1.5B-HF", "revision": "a" * 40}
+    manifest_path.write_text(json.dumps(manifest))
+    card = render_card(work, capsys=capsys)
+    meta = front_matter(card)
+    assert meta["base_model"] == "RWKV/RWKV7-Goose-World3-1.5B-HF"
+    assert meta["library_name"] == "coreai" and TAGS <= set(meta["tags"])
+    assert f"at revision `{'a' * 40}`" in block(card, "provenance")
+
+
+# --- quantisation ----------------------------------------------------------------------------------
+def test_quantized_recipe_lists_the_layers_kept_in_fp16(work, capsys):
+    export_path = model_dir(work) / "export" / "int8keepproj" / "export.json"
+    record = read_json(export_path)
+    record["kept"].append({"action": "fp16", "layer": "model.layers.1.attn.sensitive_proj",
+                           "reason": "kept for the test", "shape": [128, 128]})
+    export_path.write_text(json.dumps(record))
+
+    quant = block(render_card(work, capsys=capsys), "quantization")
+    lines = [line for line in quant.splitlines() if line.strip()]
+    assert lines[0].startswith("**`int8keepproj`** quantises "), quant
+    kept_line = next(line for line in lines if line.startswith("It leaves "))
+    assert kept_line.startswith(f"It leaves {len(record['kept'])} linear layers in fp16 ")
+    assert "kept for the test" in kept_line and "not matched by include" in kept_line
+    assert "`attn.sensitive_proj`" in kept_line
+    leaves = lambda rows: {re.sub(r"^model\.layers\.\d+\.", "", r["layer"]) for r in rows}  # noqa: E731
+    for leaf in leaves(record["kept"]):
+        assert f"`{leaf}`" in kept_line
+    for leaf in leaves(record["quantized"]) - leaves(record["kept"]):
+        assert f"`{leaf}`" not in kept_line
+        assert f"`{leaf}`" in lines[0]
+    assert f"quantises {len(record['quantized'])} linear layers to int8" in lines[0]
+    # recipes that quantise nothing are not mentioned
+    assert "`fp16`" not in quant and "`fp32`" not in quant
+
+
+# --- managed blocks ----------------------------------------------------------------------------------
+FRESH = ("---\nlicense: mit\nlibrary_name: coreai\n---\n\n# Title\n\n"
+         "<!-- summary begin -->\nfresh summary\n<!-- summary end -->\n\n"
+         "<!-- recipes begin -->\n| fresh | 1 |\n<!-- recipes end -->\n\n"
+         "<!-- provenance begin -->\nfresh provenance\n<!-- provenance end -->\n")
+EXISTING = ("---\nlicense: apache-2.0\nextra: maintainer\n---\n"
+            "Maintainer intro, kept   exactly (two  spaces)\r\n\n"
+            "<!-- summary begin -->\nold summary\nwith two lines\n<!-- summary end -->"
+            "  between the blocks: maintainer text \u2014 \u00e9\u00e8\n\n\n"
+            "<!-- recipes begin -->\n| old | 0 |\n<!-- recipes end -->\n"
+            "<!-- custom begin -->\nmaintainer-only block\n<!-- custom end -->\n"
+            "\nTrailing maintainer notes.\n\n")
+
+
+def test_merge_rewrites_blocks_keeps_the_rest_byte_for_byte():
+    merged = c.merge(EXISTING, FRESH + "")
+    fresh_front = re.match(r"\A---\n.*?\n---\n", FRESH, re.S).group(0)
+    expected_without_append = (
+        fresh_front
+        + "Maintainer intro, kept   exactly (two  spaces)\r\n\n"
+        + "<!-- summary begin -->\nfresh summary\n<!-- summary end -->"
+        + "  between the blocks: maintainer text \u2014 \u00e9\u00e8\n\n\n"
+        + "<!-- recipes begin -->\n| fresh | 1 |\n<!-- recipes end -->\n"
+        + "<!-- custom begin -->\nmaintainer-only block\n<!-- custom end -->\n"
+        + "\nTrailing maintainer notes.")
+    # provenance is new in fresh: appended at the end, after the maintainer's trailing text
+    assert merged == expected_without_append + "\n\n<!-- provenance begin -->\nfresh provenance\n<!-- provenance end -->\n"
+    assert c.blocks(merged) == {**c.blocks(FRESH), "custom": "maintainer-only block\n"}
+    assert front_matter(merged) == {"license": "mit", "library_name": "coreai"}
+
+
+def test_merge_without_new_blocks_keeps_even_the_trailing_whitespace():
+    fresh = FRESH.replace("<!-- provenance begin -->\nfresh provenance\n<!-- provenance end -->\n", "")
+    merged = c.merge(EXISTING, fresh)
+    assert merged == EXISTING.replace("---\nlicense: apache-2.0\nextra: maintainer\n---\n",
+                                      "---\nlicense: mit\nlibrary_name: coreai\n---\n") \
+                             .replace("old summary\nwith two lines\n", "fresh summary\n") \
+                             .replace("| old | 0 |", "| fresh | 1 |")
+    assert merged.endswith("\nTrailing maintainer notes.\n\n")
+
+
+def test_merge_is_idempotent():
+    once = c.merge(EXISTING, FRESH)
+    assert c.merge(once, FRESH) == once
+    assert c.merge(c.merge(once, FRESH), FRESH) == once
+    other = FRESH.replace("fresh summary", "second summary")
+    twice = c.merge(once, other)
+    assert c.blocks(twice)["summary"] == "second summary\n"
+    assert twice == once.replace("fresh summary", "second summary")
+
+
+def test_merge_edge_cases():
+    assert c.merge(None, FRESH) == FRESH
+    assert c.merge("", FRESH) == FRESH
+    assert c.merge(FRESH, FRESH) == FRESH
+    # an existing card without front matter gets the fresh one in front, the rest kept
+    bare = "Hand-written card.\n\n<!-- summary begin -->\nold\n<!-- summary end -->\n"
+    merged = c.merge(bare, FRESH)
+    assert merged.startswith("---\nlicense: mit\nlibrary_name: coreai\n---\nHand-written card.\n\n"
+                             "<!-- summary begin -->\nfresh summary\n<!-- summary end -->\n")
+    assert merged.count("<!-- summary begin -->") == 1
+
+
+def test_merge_with_a_real_card_and_a_maintainer_card(work, capsys):
+    fresh = render_card(work, capsys=capsys)
+    names = list(c.blocks(fresh))
+    assert names == ["summary", "architecture", "recipes", "quantization", "usage", "layout", "device-numbers",
+                     "provenance"]
+    edited = fresh.replace("## Architecture\n", "## Architecture\n\nA maintainer's note on the architecture.\n")
+    edited = edited.replace("<!-- recipes begin -->", "Before the recipes table.\n<!-- recipes begin -->")
+    edited += "\n## Citation\n\nCite us, please.\n"
+    edited = edited.replace(block(fresh, "summary"), "stale summary\n")
+    merged = c.merge(edited, fresh)
+    assert merged == edited.replace("stale summary\n", block(fresh, "summary"))
+    assert c.merge(merged, fresh) == merged
+
+
+# --- on-device numbers --------------------------------------------------------------------------------
+def test_device_numbers_block_is_filled_from_config_and_rewritten_in_place(work, capsys):
+    assert "device_numbers" not in yaml.safe_load(work["config"].read_text())["models"][MODEL]
+    empty = block(render_card(work, capsys=capsys), "device-numbers")
+    assert "No on-device measurement" in empty and "|" not in empty
+
+    config = write_config(work["cwd"] / "dev1.yaml", device_numbers={"decode tok/s (iPhone 17 Pro)": 25})
+    first = render_card(work, config, capsys=capsys)
+    dev = block(first, "device-numbers")
+    assert "| decode tok/s (iPhone 17 Pro) | 25 |" in dev.splitlines()
+    assert "No on-device measurement" not in dev
+
+    # a maintainer publishes that card with a paragraph right after the block; new numbers arrive
+    paragraph = "\nMeasured by the maintainer with Xcode 27 beta 2, median of 5 runs.\n"
+    cards = work["cwd"] / "cards"
+    cards.mkdir()
+    maintained = first.replace("<!-- device-numbers end -->\n", "<!-- device-numbers end -->\n" + paragraph)
+    (cards / f"{MODEL}.md").write_text(maintained, encoding="utf-8")
+    config = write_config(work["cwd"] / "dev2.yaml",
+                          device_numbers={"decode tok/s (iPhone 17 Pro)": 31, "prefill tok/s (iPhone 17 Pro)": 140.5})
+    second = render_card(work, config, capsys=capsys)
+    dev = block(second, "device-numbers")
+    assert "| decode tok/s (iPhone 17 Pro) | 31 |" in dev.splitlines()
+    assert "| prefill tok/s (iPhone 17 Pro) | 140.5 |" in dev.splitlines()
+    assert "| 25 |" not in second
+    assert second.count("<!-- device-numbers begin -->") == 1
+    assert "<!-- device-numbers end -->\n" + paragraph + "\n## Provenance" in second
+    # in place: the block sits where it was, everything else is the maintained card
+    assert second == maintained.replace(block(first, "device-numbers"), dev)
+    assert (cards / f"{MODEL}.md").read_text(encoding="utf-8") == maintained  # the maintainer's file is input only
+
+
+# --- build date ----------------------------------------------------------------------------------------
+def test_build_date_is_reproducible(work, monkeypatch, capsys):
+    one = render_card(work, capsys=capsys)
+    two = render_card(work, capsys=capsys)
+    assert one == two
+    assert "- build date: 2026-01-01\n" in block(one, "provenance")
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", str(int(EPOCH) + 86400 * 31))
+    three = render_card(work, capsys=capsys)
+    assert "- build date: 2026-02-01\n" in block(three, "provenance")
+    assert three == one.replace("build date: 2026-01-01", "build date: 2026-02-01")
+    assert c.build_date() == "2026-02-01"
+
+
+def test_build_date_without_epoch_is_the_config_commit_date(monkeypatch):
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    date = c.build_date(REPO_ROOT)
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", date) or date.startswith("unknown"), date
+    assert c.build_date(REPO_ROOT) == date
+
+
+# --- the CLI end to end --------------------------------------------------------------------------------
+def test_card_cli_end_to_end(work, capsys):
+    out = work["tmp"] / "out" / "README.md"
+    log = work["tmp"] / "logs" / "card.log"
+    rc = cli.card(["--config-file", str(work["config"]), "--model", MODEL, "--results", str(work["results"]),
+                   "--out", str(out), "--log", str(log)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert captured.err == ""
+    card = out.read_text(encoding="utf-8")
+    assert list(out.parent.iterdir()) == [out]  # written atomically: no temporaries left beside it
+    assert list(c.blocks(card)) == ["summary", "architecture", "recipes", "quantization", "usage", "layout",
+                                    "device-numbers", "provenance"]
+    manifest = read_json(model_dir(work) / "source" / "manifest.json")
+    toolchain = read_json(work["results"] / "toolchain.json")["versions"]
+    prov = block(card, "provenance")
+    assert f"- source: `{manifest['source']['uri']}`" in prov
+    assert manifest["files"]["model.safetensors"]["sha256"] in prov
+    for name, version in toolchain.items():
+        assert f"{name} {version}" in prov
+    g = manifest["geometry"]
+    arch = block(card, "architecture")
+    assert f"| layers | {g['layers']} |" in arch and f"| hidden size | {g['hidden']} |" in arch
+    n_vocab = sum(1 for line in (model_dir(work) / "vocab" / "rwkv_vocab.tsv").read_text().splitlines() if line)
+    assert f"{n_vocab} tokens in `rwkv_vocab.tsv`" in arch
+    layout = block(card, "layout")
+    for r in RECIPES:
+        bundle = f"{MODEL}-{r}"
+        assert f"aimodel/{bundle}/{bundle}.aimodel/" in layout
+        assert f"universal/{bundle}/{bundle}.aimodelx" in layout
+        assert f"universal/{bundle}/rwkv_vocab.tsv" in layout
+    assert "{{" not in card and "{%" not in card
+    assert f"card {MODEL} -> {out}" in log.read_text()
+
+
+def test_card_cli_merges_the_maintainer_card(work, capsys):
+    cards = work["cwd"] / "cards"
+    cards.mkdir()
+    maintainer = ("---\nlicense: other\nlanguage: [en, ja]\n---\n"
+                  "> Maintained by hand: text outside the markers is mine.\n\n"
+                  "<!-- recipes begin -->\nSTALE TABLE 0 / 0\n<!-- recipes end -->\n\n"
+                  "## Acknowledgements\n\nThanks to BlinkDL and the fla authors.\n")
+    (cards / f"{MODEL}.md").write_text(maintainer, encoding="utf-8")
+    fresh_out = work["tmp"] / "fresh" / "README.md"
+    merged = render_card(work, capsys=capsys)
+    (cards / f"{MODEL}.md").rename(cards / "parked.md")
+    fresh = render_card(work, out=fresh_out, capsys=capsys)
+
+    assert merged == c.merge(maintainer, fresh)
+    assert merged.startswith(re.match(r"\A---\n.*?\n---\n", fresh, re.S).group(0)
+                             + "> Maintained by hand: text outside the markers is mine.\n\n<!-- recipes begin -->\n")
+    assert "STALE TABLE" not in merged
+    assert block(merged, "recipes") == block(fresh, "recipes")
+    assert "## Acknowledgements\n\nThanks to BlinkDL and the fla authors.\n" in merged
+    assert front_matter(merged)["license"] == "apache-2.0"  # managed: from the source card, not the maintainer's
+    assert "language" not in front_matter(merged)
+    # every other block of the fresh card is appended after the maintainer's text, in order
+    assert list(c.blocks(merged)) == ["recipes", "summary", "architecture", "quantization", "usage", "layout",
+                                      "device-numbers", "provenance"]
+    assert all(block(merged, n) == b for n, b in c.blocks(fresh).items())
+    assert (cards / "parked.md").read_text(encoding="utf-8") == maintainer
