@@ -8,7 +8,6 @@ show exactly the changed values: nothing in the card is typed by hand.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import re
