@@ -5,6 +5,7 @@ rule aot:
     output:
         directory(f"{RES}/{{model}}/aot/{{target}}/{{recipe}}"),
     params:
+        config=CONFIG_FILE,
         settings=settings("aot"),
     log:
         f"{RES}/logs/{{model}}/aot-{{target}}-{{recipe}}.log",
@@ -13,6 +14,6 @@ rule aot:
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/aot.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/aot.py --config-file {params.config} --model {wildcards.model} "
         "--recipe {wildcards.recipe} --target {wildcards.target} --export {input.export} "
         "--out {output} --log {log}"

@@ -9,11 +9,13 @@ rule card:
     output:
         f"{RES}/{{model}}/card/README.md",
     params:
+        config=CONFIG_FILE,
+        results=lambda w, input: os.path.dirname(input.toolchain),
         settings=settings("card"),
     log:
         f"{RES}/logs/{{model}}/card.log",
     conda:
         "../envs/hub.yaml"
     shell:
-        "python scripts/card.py --config-file {CONFIG_FILE} --model {wildcards.model} "
-        "--results {RES} --out {output} --log {log}"
+        "python scripts/card.py --config-file {params.config} --model {wildcards.model} "
+        "--results {params.results} --out {output} --log {log}"

@@ -5,6 +5,7 @@ rule export:
     output:
         directory(f"{RES}/{{model}}/export/{{recipe}}"),
     params:
+        config=CONFIG_FILE,
         settings=settings("export"),
     log:
         f"{RES}/logs/{{model}}/export-{{recipe}}.log",
@@ -13,5 +14,5 @@ rule export:
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/export.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/export.py --config-file {params.config} --model {wildcards.model} "
         "--recipe {wildcards.recipe} --source {input.source} --out {output} --log {log}"

@@ -9,12 +9,13 @@ rule gate:
         json=f"{RES}/{{model}}/gate/{{recipe}}.json",
         tsv=f"{RES}/{{model}}/gate/{{recipe}}.tsv",
     params:
+        config=CONFIG_FILE,
         settings=settings("gate"),
     log:
         f"{RES}/logs/{{model}}/gate-{{recipe}}.log",
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/gate.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/gate.py --config-file {params.config} --model {wildcards.model} "
         "--recipe {wildcards.recipe} --export {input.export} --aot {input.aot} "
         "--reference {input.reference} --json {output.json} --tsv {output.tsv} --log {log}"

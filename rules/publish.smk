@@ -3,6 +3,7 @@ rule stage_and_push:
     input:
         card=f"{RES}/{{model}}/card/README.md",
         vocab=f"{RES}/{{model}}/vocab/rwkv_vocab.tsv",
+        toolchain=f"{RES}/toolchain.json",
         gates=lambda w: expand(f"{RES}/{w.model}/gate/{{recipe}}.json", recipe=recipes_of(w.model)),
         exports=lambda w: expand(f"{RES}/{w.model}/export/{{recipe}}", recipe=recipes_of(w.model)),
         aots=lambda w: expand(
@@ -13,11 +14,13 @@ rule stage_and_push:
     output:
         directory(f"{RES}/{{model}}/publish"),
     params:
+        config=CONFIG_FILE,
+        results=lambda w, input: os.path.dirname(input.toolchain),
         settings=settings("publish"),
     log:
         f"{RES}/logs/{{model}}/publish.log",
     conda:
         "../envs/hub.yaml"
     shell:
-        "python scripts/publish.py --config-file {CONFIG_FILE} --model {wildcards.model} "
-        "--results {RES} --out {output} --log {log}"
+        "python scripts/publish.py --config-file {params.config} --model {wildcards.model} "
+        "--results {params.results} --out {output} --log {log}"

@@ -6,11 +6,12 @@ rule reference:
     output:
         f"{RES}/{{model}}/reference/stream.npz",
     params:
+        config=CONFIG_FILE,
         settings=settings("reference"),
     log:
         f"{RES}/logs/{{model}}/reference.log",
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/reference.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/reference.py --config-file {params.config} --model {wildcards.model} "
         "--source {input.source} --vocab {input.vocab} --out {output} --log {log}"

@@ -6,24 +6,26 @@ rule toolchain:
     input:
         "requirements.txt",
     params:
+        config=CONFIG_FILE,
         record=json.dumps(toolchain.record(), sort_keys=True),
     log:
         f"{RES}/logs/toolchain.log",
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/toolchain.py --config-file {CONFIG_FILE} --out {output} --log {log}"
+        "python scripts/toolchain.py --config-file {params.config} --out {output} --log {log}"
 
 
 rule source:
     output:
         directory(f"{RES}/{{model}}/source"),
     params:
+        config=CONFIG_FILE,
         settings=settings("source"),
     log:
         f"{RES}/logs/{{model}}/source.log",
     conda:
         "../envs/hub.yaml"
     shell:
-        "python scripts/source.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/source.py --config-file {params.config} --model {wildcards.model} "
         "--out {output} --log {log}"

@@ -4,11 +4,12 @@ rule vocab:
     output:
         f"{RES}/{{model}}/vocab/rwkv_vocab.tsv",
     params:
+        config=CONFIG_FILE,
         settings=settings("vocab"),
     log:
         f"{RES}/logs/{{model}}/vocab.log",
     conda:
         "../envs/hub.yaml"
     shell:
-        "python scripts/vocab.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/vocab.py --config-file {params.config} --model {wildcards.model} "
         "--source {input.source} --out {output} --log {log}"

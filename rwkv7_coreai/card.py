@@ -64,15 +64,16 @@ def source_license(source_dir: Path, fallback: str | None) -> str:
     raise PipelineError(readme, "no license in the source card and none in config", "set models.<name>.license")
 
 
-def build_date(repo_root: Path = Path(".")) -> str:
-    """Reproducible: $SOURCE_DATE_EPOCH, else the date of the last commit that changed config.yaml."""
+def build_date(config_file: Path = Path("config.yaml")) -> str:
+    """Reproducible: $SOURCE_DATE_EPOCH, else the date of the last commit that changed the config file."""
     import os
     from datetime import datetime, timezone
 
     if os.environ.get("SOURCE_DATE_EPOCH"):
         return datetime.fromtimestamp(int(os.environ["SOURCE_DATE_EPOCH"]), timezone.utc).strftime("%Y-%m-%d")
     try:
-        out = subprocess.run(["git", "log", "-1", "--format=%cs", "--", "config.yaml"], cwd=repo_root,
+        config_file = Path(config_file).resolve()
+        out = subprocess.run(["git", "log", "-1", "--format=%cs", "--", config_file.name], cwd=config_file.parent,
                              capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         out = ""
@@ -93,7 +94,8 @@ def _size(n: int) -> str:
 
 
 def context(model: str, mcfg: dict, cfg: dict, source_manifest: dict, exports: dict[str, dict],
-            gates: dict[str, dict], source_dir: Path, toolchain: dict, vocab_entries: int) -> dict:
+            gates: dict[str, dict], source_dir: Path, toolchain: dict, vocab_entries: int,
+            config_file: Path = Path("config.yaml")) -> dict:
     g = source_manifest["geometry"]
     recipes = []
     for name in mcfg["recipes"]:
@@ -125,7 +127,7 @@ def context(model: str, mcfg: dict, cfg: dict, source_manifest: dict, exports: d
         "targets": targets, "gate_steps": cfg["gate"]["steps"], "n_prompts": len(cfg["gate"]["prompts"]),
         "vocab_entries": vocab_entries, "device_numbers": mcfg.get("device_numbers") or {},
         "weights_sha256": source_manifest["files"]["model.safetensors"]["sha256"],
-        "toolchain": toolchain, "build_date": build_date(),
+        "toolchain": toolchain, "build_date": build_date(config_file),
     }
 
 

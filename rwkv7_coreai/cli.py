@@ -153,7 +153,7 @@ def card(argv=None) -> int:
     ctx = c.context(ns.model, m, cfg, read_manifest(lay.source),
                     {r: c.load_json(lay.export(r) / "export.json") for r in m["recipes"]},
                     {r: c.load_json(lay.gate_json(r)) for r in m["recipes"]}, lay.source,
-                    c.load_json(lay.toolchain)["versions"], len(read_tsv(lay.vocab)))
+                    c.load_json(lay.toolchain)["versions"], len(read_tsv(lay.vocab)), Path(ns.config_file))
     existing = ns_existing.read_text(encoding="utf-8") if ns_existing.is_file() else None
     write_text_atomic(ns.out, c.merge(existing, c.render(ctx)))
     log.info("card %s -> %s%s", ns.model, ns.out, f" (merged into {ns_existing})" if existing else "")

@@ -64,6 +64,8 @@ def stage(out: Path, card: Path, vocab: Path, exports: dict[str, Path], aots: di
     with atomic_path(out, directory=True) as tmp:
         _link_tree(card, tmp / "README.md")
         for recipe, export_dir in exports.items():
+            if not (export_dir / "export.json").is_file():
+                raise PipelineError(export_dir / "export.json", f"recipe {recipe} has no export record", "run the export stage")
             record = json.loads((export_dir / "export.json").read_text())
             bundle = record["bundle"].removesuffix(".aimodel")
             _link_tree(export_dir / record["bundle"], tmp / "aimodel" / bundle / record["bundle"])
@@ -72,6 +74,8 @@ def stage(out: Path, card: Path, vocab: Path, exports: dict[str, Path], aots: di
             for (target, r), aot_dir in aots.items():
                 if r != recipe:
                     continue
+                if not aot_dir.is_dir():
+                    raise PipelineError(aot_dir, f"AOT output for {target}/{recipe} is missing", "run the aot stage")
                 for product in sorted(p for p in aot_dir.iterdir() if p.name not in IGNORED):
                     _link_tree(product, tmp / target / bundle / product.name)
                 _link_tree(vocab, tmp / target / bundle / "rwkv_vocab.tsv")
@@ -89,10 +93,17 @@ def remote_card(repo: str, token: str) -> str | None:
     from huggingface_hub import hf_hub_download
     from huggingface_hub import errors as hf_errors
 
+    from . import hub_upload
+
+    failure = None
     try:
         return Path(hf_hub_download(repo, "README.md", token=token)).read_text(encoding="utf-8")
     except (hf_errors.RemoteEntryNotFoundError, hf_errors.RepositoryNotFoundError, hf_errors.RevisionNotFoundError):
-        return None  # nothing published yet; any other error propagates (never overwrite edits blindly)
+        return None  # nothing published yet
+    except Exception as exc:  # noqa: BLE001 - never overwrite maintainer edits blindly
+        failure = hub_upload._describe(exc, "main")  # noqa: SLF001
+    raise hub_upload._error(f"hf://{repo}", f"cannot read the published README.md to merge into: {failure[0]}",  # noqa: SLF001
+                            failure[1], token)
 
 
 def push(out: Path, receipt: dict, repo: str, message: str, token: str) -> dict:

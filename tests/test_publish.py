@@ -423,8 +423,6 @@ def test_the_token_never_comes_back_out(pushes):
     assert any(e["auth"] for e in pushes["hub_requests"] if e["path"].endswith("/commit/main"))
 
 
-@pytest.mark.xfail(reason="publish.remote_card lets a Hub error other than not-found escape as a raw traceback "
-                          "(HfHubHTTPError) instead of a one-line PipelineError", strict=False)
 def test_an_unreadable_remote_card_is_a_one_line_error_and_nothing_is_pushed(tmp_path):
     results = copy_results(tmp_path / "results", recipes=["int8keepproj"])
     config = write_config(tmp_path / "config.yaml", recipes=["int8keepproj"],

@@ -1,0 +1,60 @@
+"""dvc.yaml and the Snakefile describe the same DAG."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from rwkv7_coreai import dag
+
+
+@pytest.fixture(scope="module")
+def jobs(repo_root):
+    return dag.snakemake_jobs(repo_root)
+
+
+def test_committed_dvc_yaml_is_generated_from_the_snakefile(repo_root, jobs):
+    assert (repo_root / "dvc.yaml").read_text() == dag.render(jobs), \
+        "dvc.yaml is stale: run `python scripts/gen_dvc.py` and commit it"
+
+
+def test_dvc_parses_the_same_stages(repo_root, jobs):
+    assert dag.drift(jobs, dag.dvc_index(repo_root)) == []
+
+
+def test_every_stage_kind_is_present(jobs):
+    rules = {j["rule"] for j in jobs}
+    assert rules == {"toolchain", "source", "vocab", "reference", "export", "aot", "gate", "card",
+                     "stage_and_push", "publish"}
+    assert sum(j["rule"] == "export" for j in jobs) == 3
+
+
+def test_metrics_and_plots_and_params(repo_root):
+    stages = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]
+    gate = stages["gate-rwkv7-tiny-fp16"]
+    assert gate["metrics"] == [{"results/rwkv7-tiny/gate/fp16.json": {"cache": True}}]
+    assert list(gate["plots"][0]) == ["results/rwkv7-tiny/gate/fp16.tsv"]
+    assert stages["export-rwkv7-tiny-int8keepproj"]["params"] == [
+        {"config.yaml": ["models.rwkv7-tiny.dir", "recipes.int8keepproj"]}]
+
+
+def _index_from(jobs):
+    return {dag.stage_name(j): {"cmd": j["cmd"], "deps": sorted(j["deps"] + (dag.CODE_DEPS if j["rule"] == "toolchain" else [])),
+                                "outs": sorted(j["outs"])} for j in jobs if j["cmd"]}
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda ix: ix.pop("vocab-rwkv7-tiny"), "stage vocab-rwkv7-tiny is in the Snakefile but not in dvc.yaml"),
+    (lambda ix: ix.__setitem__("extra", {"cmd": "true", "deps": [], "outs": []}), "stage extra is in dvc.yaml"),
+    (lambda ix: ix["export-rwkv7-tiny-fp16"].__setitem__("cmd", "python scripts/export.py --recipe fp32"),
+     "stage export-rwkv7-tiny-fp16: cmd differs"),
+    (lambda ix: ix["gate-rwkv7-tiny-fp32"]["deps"].pop(), "stage gate-rwkv7-tiny-fp32: deps"),
+    (lambda ix: ix["card-rwkv7-tiny"].__setitem__("outs", ["elsewhere.md"]), "stage card-rwkv7-tiny: outs"),
+])
+def test_drift_is_detected(jobs, damage, needle):
+    index = copy.deepcopy(_index_from(jobs))
+    assert dag.drift(jobs, index) == []
+    damage(index)
+    assert any(needle in p for p in dag.drift(jobs, index))
