@@ -6,7 +6,7 @@ import re
 from rwkv7_coreai import config as cfgmod
 from rwkv7_coreai import toolchain
 
-if workflow.config_settings.overwrite_config.keys() - {"build"}:
+if set(workflow.config_settings.config) - {"build"}:
     raise ValueError(
         "config.yaml: --config may only set `build` (the stages read their settings from the "
         "config file) -- fix: edit the file or pass another with --configfile"

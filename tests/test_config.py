@@ -85,3 +85,12 @@ def test_snakemake_refuses_stage_settings_through_config_flag(repo_root, tmp_pat
                       "results=elsewhere", "--directory", str(tmp_path / "wd"))
     assert proc.returncode != 0
     assert "--config may only set `build`" in proc.stderr + proc.stdout
+
+
+def test_snakemake_accepts_another_config_file_and_build_override(repo_root, raw, tmp_path):
+    raw["results"] = str(tmp_path / "res")
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(raw))
+    proc = _snakemake(repo_root, "publish", "--configfile", str(other), "--config", 'build=["rwkv7-tiny"]')
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"{tmp_path}/res/rwkv7-tiny/export/fp16" in proc.stdout
