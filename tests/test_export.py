@@ -1,0 +1,100 @@
+"""Export recipes: the quantisation plan, recorded metadata, and clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rwkv7_coreai import cli, export, quantize
+from rwkv7_coreai.errors import PipelineError
+from rwkv7_coreai.export_graph import RWKV7Decode
+from rwkv7_coreai.geometry import Geometry
+
+TINY = Geometry(layers=2, hidden=128, head_dim=64, ffn=512, vocab=65536, decay_lora=16, a_lora=16, v_lora=16,
+                gate_lora=32)
+
+
+@pytest.fixture(scope="module")
+def module():
+    return RWKV7Decode(TINY, torch.float16)
+
+
+def _actions(rows):
+    return {r["layer"]: (r["action"], r["reason"]) for r in rows}
+
+
+def test_int8keepproj_plan(cfg, module):
+    rows = _actions(quantize.plan(module, cfg["recipes"]["int8keepproj"]["quantize"], "float16"))
+    quantised = sorted(k for k, (a, _) in rows.items() if a == "int8")
+    assert quantised == ["lm_head", "model.layers.0.ffn.key", "model.layers.0.ffn.value",
+                         "model.layers.1.ffn.key", "model.layers.1.ffn.value"]
+    assert rows["model.layers.1.attn.r_proj"] == ("fp16", "not matched by include")
+    assert rows["model.layers.0.attn.w_lora.lora.0"][0] == "fp16"
+
+
+def test_int8_everywhere_reports_layers_the_block_cannot_cover(cfg, module):
+    rows = _actions(quantize.plan(module, cfg["recipes"]["int8"]["quantize"], "float16"))
+    assert rows["model.layers.0.attn.r_proj"][0] == "int8"
+    assert rows["model.layers.0.attn.g_lora.lora.2"][0] == "int8"           # input width 32
+    assert rows["model.layers.1.attn.w_lora.lora.2"] == (
+        "fp16", "input width 16 is not a multiple of block 32")            # coreai-opt would skip silently
+
+
+def test_exclude_wins_over_include(module):
+    q = {"bits": 4, "block_size": 32, "axis": 1, "include": [".*"], "exclude": [r".*\.o_proj"]}
+    rows = _actions(quantize.plan(module, q, "float16"))
+    assert rows["model.layers.0.attn.o_proj"] == ("fp16", "excluded by '.*\\\\.o_proj'")
+    assert rows["lm_head"][0] == "int4"
+
+
+def test_recipe_that_matches_nothing_is_an_error(module):
+    q = {"bits": 8, "block_size": 4096, "axis": 1, "include": [".*"], "exclude": []}
+    with pytest.raises(PipelineError, match="matches no linear layer that can be quantised"):
+        quantize.apply(module, q, "float16", export.example_inputs())
+
+
+def test_quantising_an_fp32_graph_is_refused(tiny_source, tmp_path):
+    recipe = {"dtype": "float32", "quantize": {"bits": 8, "block_size": 32, "axis": 1, "include": ["lm_head"]}}
+    with pytest.raises(PipelineError, match="only supported on a float16 graph"):
+        export.export_recipe(tiny_source, "odd", recipe, "b", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_unsupported_dtype_is_refused(tiny_source, tmp_path):
+    with pytest.raises(PipelineError, match="dtype 'bfloat16' is not supported"):
+        export.export_recipe(tiny_source, "odd", {"dtype": "bfloat16"}, "b", tmp_path / "out")
+
+
+def test_unknown_recipe_on_the_command_line(tiny_source, tmp_path, capsys, repo_root):
+    rc = cli.export(["--config-file", str(repo_root / "config.yaml"), "--model", "rwkv7-tiny", "--recipe", "int3",
+                     "--source", str(tiny_source), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and err == ("error: config: unknown recipe 'int3' -- fix: use one of "
+                               "['fp16', 'fp32', 'int4keepproj', 'int8', 'int8keepproj']")
+
+
+def test_conversion_error_is_one_line_and_leaves_nothing(tiny_source, tmp_path, monkeypatch, cfg):
+    def boom(module, out):
+        raise RuntimeError("unsupported op aten::frobnicate\nlong traceback text")
+
+    monkeypatch.setattr(export, "convert", boom)
+    with pytest.raises(PipelineError) as exc:
+        export.export_recipe(tiny_source, "fp32", cfg["recipes"]["fp32"], "b", tmp_path / "out")
+    assert str(exc.value) == ("export fp32: conversion failed (RuntimeError: unsupported op aten::frobnicate) "
+                              "-- fix: check the recipe; run with the pinned toolchain (make setup)")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_int4keepproj_export_records_the_plan(tiny_source, tmp_path, cfg):
+    rec = export.export_recipe(tiny_source, "int4keepproj", cfg["recipes"]["int4keepproj"], "t-int4keepproj",
+                               tmp_path / "out")
+    on_disk = json.loads((tmp_path / "out" / "export.json").read_text())
+    assert on_disk["bundle"] == "t-int4keepproj.aimodel" and (tmp_path / "out" / "t-int4keepproj.aimodel").is_dir()
+    assert {r["layer"] for r in on_disk["quantized"]} == {r["layer"] for r in rec["quantized"]}
+    assert all(r["action"] == "int4" for r in on_disk["quantized"]) and len(on_disk["quantized"]) == 5
+    assert on_disk["state_writes_per_step"] == {"recState": 1, "shiftState": 1}
+    assert on_disk["states"] == {"recState": [2, 1, 2, 64, 64], "shiftState": [2, 1, 2, 128]}
+    meta = json.loads((tmp_path / "out" / "t-int4keepproj.aimodel" / "metadata.json").read_text())
+    assert "1970" in meta["creationDate"] or meta["creationDate"].startswith("1970")
