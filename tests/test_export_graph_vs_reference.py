@@ -39,6 +39,8 @@ from rwkv7_coreai.synthetic import synthetic_state_dict
 from rwkv7_coreai.tokenizer import TrieTokenizer
 from rwkv7_coreai.vocab import package_vocab, parse_world_vocab
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 REPO = Path(__file__).resolve().parents[1]
 TOL = 1e-5
 FP32_FLOOR_MAX = 3e-5
@@ -50,13 +52,6 @@ class Run:
     logits: torch.Tensor  # [T, V]
     state: State
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,14 @@ from rwkv7_coreai import cli
 from rwkv7_coreai import publish as p
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-RESULTS = REPO_ROOT / "results"
+RESULTS: Path = REPO_ROOT / "results"  # replaced by the session-built tree below
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _built_results(tiny_results):
+    """Read a results tree built for the tests (tests/conftest.py::tiny_results), never results/."""
+    global RESULTS
+    RESULTS = tiny_results
 MODEL = "rwkv7-tiny"
 RECIPES = ["fp32", "fp16", "int8keepproj"]
 TARGET = "universal"
@@ -33,10 +40,6 @@ TOKEN = "hf_FAKE_publish_token_42"
 EPOCH = "1767225600"
 LINK_ABOVE = 256 * 1024  # bytes; smaller files are copied, so editing them never reaches results/
 
-pytestmark = pytest.mark.skipif(
-    not all((RESULTS / MODEL / "aot" / TARGET / r).is_dir() and (RESULTS / MODEL / "gate" / f"{r}.json").is_file()
-            for r in RECIPES) or not (RESULTS / MODEL / "card" / "README.md").is_file(),
-    reason="needs the tiny pipeline run in results/ (snakemake --cores 1)")
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -108,15 +111,6 @@ def expected_tree(results: Path, recipes=RECIPES) -> dict[str, Path]:
         tree[f"{TARGET}/{bundle}/rwkv_vocab.tsv"] = lay / "vocab" / "rwkv_vocab.tsv"
     return tree
 
-
-@pytest.fixture(autouse=True)
-def _quiet_logging():
-    """The CLI points the root logger at the (captured) stdout and a log file; undo that after each test."""
-    yield
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-        handler.close()
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ from rwkv7_coreai.synthetic import pack_mixers, synthetic_state_dict
 from rwkv7_coreai.tokenizer import TrieTokenizer
 from rwkv7_coreai.vocab import package_vocab, parse_world_vocab
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 REPO = Path(__file__).resolve().parents[1]
 LOGIT_TOL = 1e-4   # max |Δlogits|, fp32 vs fp32
 STATE_TOL = 1e-4   # max |Δ| of every state tensor after the sequence
@@ -148,14 +149,6 @@ def mutant(old: str, new: str) -> type[Reference]:
 
 
 # --- fixtures ----------------------------------------------------------------------------------
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Single-threaded matmuls: faster on small shapes and deterministic reductions."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def get_case(tmp_path_factory):
