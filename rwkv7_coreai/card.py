@@ -18,7 +18,7 @@ import yaml
 
 from .errors import PipelineError
 
-BLOCK = re.compile(r"<!-- (?P<name>[\w-]+) begin -->\n(?P<body>.*?)<!-- (?P=name) end -->", re.S)
+BLOCK = re.compile(r"<!-- (?P<name>[\w-]+) begin -->\r?\n(?P<body>.*?)<!-- (?P=name) end -->", re.S)
 FRONT = re.compile(r"\A---\n.*?\n---\n", re.S)
 TAGS = ["coreai", "rwkv7", "rwkv", "linear-attention", "no-kv-cache", "text-generation"]
 TARGET_SUFFIX = {"linux": (".aimodelx", "Linux lowering for the Core AI runtime")}
@@ -45,9 +45,10 @@ def merge(existing: str | None, fresh: str) -> str:
     fm = FRONT.match(fresh)
     if fm:
         out = FRONT.sub(lambda _: fm.group(0), out, count=1) if FRONT.match(out) else fm.group(0) + out
-    for name, body in new_blocks.items():
-        if name not in seen:
-            out = out.rstrip("\n") + f"\n\n<!-- {name} begin -->\n{body}<!-- {name} end -->\n"
+    missing = [(name, body) for name, body in new_blocks.items() if name not in seen]
+    if missing:
+        tail = out[len(out.rstrip("\r\n")):] or "\n"   # keep the maintainer's own line ending
+        out = out.rstrip("\r\n") + "".join(f"\n\n<!-- {n} begin -->\n{b}<!-- {n} end -->" for n, b in missing) + tail
     return out
 
 

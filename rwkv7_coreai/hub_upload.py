@@ -18,7 +18,7 @@ _BEARER = re.compile(r"(?i)(bearer\s+)\S+")
 
 
 def upload_tree(repo_id: str, staging: Path, *, message: str, token: str, revision: str = "main",
-                create: bool = True) -> dict:
+                create: bool = True, parent: str | None = None) -> dict:
     """Make branch ``revision`` of model repo ``repo_id`` hold every file below ``staging``.
 
     Each local file is compared with the remote one at the branch head (size, and the sha256 for
@@ -27,6 +27,8 @@ def upload_tree(repo_id: str, staging: Path, *, message: str, token: str, revisi
     the commit and nothing is written). Files that already match are skipped; when nothing
     differs no commit is made. Remote files absent from ``staging`` are left alone.
 
+    ``parent``: the commit the caller based ``staging`` on (e.g. the head whose README it merged);
+    the commit is made on top of it, so a branch that moved since is refused instead of overwritten.
     ``create``: create the repo first (``exist_ok``). Requires ``HF_HUB_DISABLE_XET=1`` in the
     environment (see the module docstring). Every failure is a one-line ``PipelineError`` at
     ``hf://{repo_id}``; the token never appears in messages, exceptions or the return value.
@@ -50,7 +52,8 @@ def upload_tree(repo_id: str, staging: Path, *, message: str, token: str, revisi
     failure: tuple[str, str] | None = None
     result: dict | None = None
     try:
-        result = _publish(repo_id, local, message=message, token=token, revision=revision, create=create)
+        result = _publish(repo_id, local, message=message, token=token, revision=revision, create=create,
+                          parent=parent)
     except PipelineError as exc:
         failure = (exc.what, exc.fix)
     except Exception as exc:  # noqa: BLE001 - every client/network failure becomes one line
@@ -62,14 +65,14 @@ def upload_tree(repo_id: str, staging: Path, *, message: str, token: str, revisi
 
 
 def _publish(repo_id: str, local: dict[str, Path], *, message: str, token: str, revision: str,
-             create: bool) -> dict:
+             create: bool, parent: str | None = None) -> dict:
     from huggingface_hub import CommitOperationAdd, HfApi
     from huggingface_hub.hf_api import RepoFile
 
     api = HfApi(token=token)
     if create:
         api.create_repo(repo_id, repo_type="model", exist_ok=True)
-    head = api.repo_info(repo_id, repo_type="model", revision=revision).sha
+    head = parent or api.repo_info(repo_id, repo_type="model", revision=revision).sha
     if not head:
         raise PipelineError(f"hf://{repo_id}", f"the Hub reported no commit for {revision!r}",
                             "check the revision (a branch name)")

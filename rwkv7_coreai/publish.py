@@ -88,8 +88,25 @@ def token_from_env() -> str | None:
     return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
 
 
-def remote_card(repo: str, token: str) -> str | None:
-    """The README.md currently published (a maintainer may have edited it), or None."""
+def remote_head(repo: str, token: str) -> str | None:
+    """The commit ``main`` points at now, or None if the repo does not exist yet."""
+    from huggingface_hub import HfApi
+    from huggingface_hub import errors as hf_errors
+
+    from . import hub_upload
+
+    failure = None
+    try:
+        return HfApi(token=token).repo_info(repo, repo_type="model", revision="main").sha
+    except (hf_errors.RepositoryNotFoundError, hf_errors.RevisionNotFoundError):
+        return None
+    except Exception as exc:  # noqa: BLE001
+        failure = hub_upload._describe(exc, "main")  # noqa: SLF001
+    raise hub_upload._error(f"hf://{repo}", f"cannot read the repo's head: {failure[0]}", failure[1], token)  # noqa: SLF001
+
+
+def remote_card(repo: str, token: str, revision: str | None = None) -> str | None:
+    """The README.md published at ``revision`` (a maintainer may have edited it), or None."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub import errors as hf_errors
 
@@ -97,7 +114,7 @@ def remote_card(repo: str, token: str) -> str | None:
 
     failure = None
     try:
-        return Path(hf_hub_download(repo, "README.md", token=token)).read_text(encoding="utf-8")
+        return Path(hf_hub_download(repo, "README.md", token=token, revision=revision)).read_text(encoding="utf-8")
     except (hf_errors.RemoteEntryNotFoundError, hf_errors.RepositoryNotFoundError, hf_errors.RevisionNotFoundError):
         return None  # nothing published yet
     except Exception as exc:  # noqa: BLE001 - never overwrite maintainer edits blindly
@@ -120,8 +137,10 @@ def push(out: Path, receipt: dict, repo: str, message: str, token: str) -> dict:
             if rel != "README.md":
                 _link_tree(out / rel, view / rel)
         card = (out / "README.md").read_text(encoding="utf-8")
-        (view / "README.md").write_text(merge(remote_card(repo, token), card), encoding="utf-8")
-        result = upload_tree(repo, view, message=message, token=token)
+        head = remote_head(repo, token)  # merge into the card at this commit, and commit on top of it
+        existing = remote_card(repo, token, head) if head else None
+        (view / "README.md").write_text(merge(existing, card), encoding="utf-8")
+        result = upload_tree(repo, view, message=message, token=token, parent=head)
     receipt = {**receipt, "push": {"pushed": True, **result}}
     with atomic_path(out / RECEIPT) as tmp_receipt:
         tmp_receipt.write_text(dumps_json(receipt))

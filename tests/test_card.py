@@ -288,7 +288,8 @@ def test_merge_rewrites_blocks_keeps_the_rest_byte_for_byte():
         + "<!-- custom begin -->\nmaintainer-only block\n<!-- custom end -->\n"
         + "\nTrailing maintainer notes.")
     # provenance is new in fresh: appended at the end, after the maintainer's trailing text
-    assert merged == expected_without_append + "\n\n<!-- provenance begin -->\nfresh provenance\n<!-- provenance end -->\n"
+    assert EXISTING.endswith("notes.\n\n")  # ... and the maintainer's own trailing newlines stay last
+    assert merged == expected_without_append + "\n\n<!-- provenance begin -->\nfresh provenance\n<!-- provenance end -->\n\n"
     assert c.blocks(merged) == {**c.blocks(FRESH), "custom": "maintainer-only block\n"}
     assert front_matter(merged) == {"license": "mit", "library_name": "coreai"}
 
@@ -452,3 +453,11 @@ def test_card_cli_merges_the_maintainer_card(work, capsys):
                                       "device-numbers", "provenance"]
     assert all(block(merged, n) == b for n, b in c.blocks(fresh).items())
     assert (cards / "parked.md").read_text(encoding="utf-8") == maintainer
+
+
+def test_crlf_card_blocks_are_rewritten_not_duplicated():
+    fresh = "---\nlicense: mit\n---\n<!-- a begin -->\nnew\n<!-- a end -->\n"
+    existing = "---\nlicense: x\n---\r\nintro\r\n<!-- a begin -->\r\nold\r\n<!-- a end -->\r\nnotes\r\n"
+    merged = c.merge(existing, fresh)
+    assert merged.count("<!-- a begin -->") == 1 and "new\n<!-- a end -->" in merged and "old" not in merged
+    assert merged.endswith("notes\r\n")

@@ -27,7 +27,7 @@ from rwkv7_coreai.hub_upload import upload_tree
 args = json.loads(sys.argv[1])
 try:
     result = upload_tree(args["repo"], Path(args["staging"]), message=args["message"], token=args["token"],
-                         revision=args["revision"], create=args["create"])
+                         revision=args["revision"], create=args["create"], parent=args.get("parent"))
 except PipelineError as exc:
     print(json.dumps({"error": str(exc), "where": exc.where, "what": exc.what, "fix": exc.fix,
                       "chained": repr(exc.__cause__) + repr(exc.__context__)}))
@@ -85,9 +85,9 @@ class Upload:
 
 
 def upload(hub, tmp_path, staging, *, message="Publish RWKV-7 Core AI bundle", revision="main",
-           create=True, repo=REPO) -> Upload:
+           create=True, repo=REPO, parent=None) -> Upload:
     args = {"repo": repo, "staging": str(staging), "message": message, "token": TOKEN,
-            "revision": revision, "create": create}
+            "revision": revision, "create": create, "parent": parent}
     run = Upload(run_python(UPLOAD, client_env(hub, tmp_path / "hf_home"), json.dumps(args)))
     assert TOKEN not in run.stdout and TOKEN not in run.stderr, run
     return run
@@ -239,3 +239,18 @@ def test_bad_arguments_are_refused_before_any_request(hub, tmp_path, staging):
     run = upload(hub, tmp_path, staging, message="  ")
     assert run.rc == 1 and run.error.startswith(f"hf://{REPO}: empty commit message"), run
     assert hub.log == []
+
+
+def test_a_branch_that_moved_since_the_given_parent_is_not_overwritten(hub, tmp_path, staging):
+    """publish.push merges the card found at commit P and passes parent=P; if a maintainer
+    commits after P, the upload must be refused rather than silently overwrite that commit."""
+    assert upload(hub, tmp_path, staging).rc == 0
+    based_on = hub.head(REPO)
+    (staging / "config.json").write_bytes(b'{"hidden_size": 64, "num_hidden_layers": 4}\n')
+    moved = upload(hub, tmp_path, staging, message="a maintainer's commit")  # the branch moves on
+    assert moved.rc == 0 and hub.head(REPO) != based_on
+    head_before = hub.head(REPO)
+    (staging / "config.json").write_bytes(b'{"hidden_size": 64, "num_hidden_layers": 5}\n')
+    run = upload(hub, tmp_path, staging, parent=based_on)
+    assert run.rc == 1 and run.error.startswith(f"hf://{REPO}: ") and "\n" not in run.error, run
+    assert hub.head(REPO) == head_before
