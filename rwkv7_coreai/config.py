@@ -87,25 +87,23 @@ def models_to_build(cfg: dict) -> list[str]:
     return sorted(wanted)
 
 
-def model(cfg: dict, name: str) -> dict:
+def _lookup(cfg: dict, section: str, kind: str, name: str) -> dict:
     try:
-        return cfg["models"][name]
+        return cfg[section][name]
     except KeyError:
-        raise PipelineError("config", f"unknown model {name!r}", f"use one of {sorted(cfg['models'])}") from None
+        raise PipelineError("config", f"unknown {kind} {name!r}", f"use one of {sorted(cfg[section])}") from None
+
+
+def model(cfg: dict, name: str) -> dict:
+    return _lookup(cfg, "models", "model", name)
 
 
 def recipe(cfg: dict, name: str) -> dict:
-    try:
-        return cfg["recipes"][name]
-    except KeyError:
-        raise PipelineError("config", f"unknown recipe {name!r}", f"use one of {sorted(cfg['recipes'])}") from None
+    return _lookup(cfg, "recipes", "recipe", name)
 
 
 def target(cfg: dict, name: str) -> dict:
-    try:
-        return cfg["targets"][name]
-    except KeyError:
-        raise PipelineError("config", f"unknown target {name!r}", f"use one of {sorted(cfg['targets'])}") from None
+    return _lookup(cfg, "targets", "target", name)
 
 
 def gate_settings(cfg: dict, recipe_name: str) -> dict:
