@@ -110,6 +110,26 @@ def test_dvc_status_is_clean_after_snakemake(smk_repo):
     assert run("git status --porcelain dvc.yaml", repo).stdout == "", "the run must not rewrite dvc.yaml"
 
 
+def _planned_rules(repo) -> set[str]:
+    out = run("snakemake -n --cores 1 publish", repo).stdout
+    return {line.split()[-1].rstrip(":") for line in out.splitlines() if line.startswith(("rule ", "localrule "))}
+
+
+def test_a_toolchain_change_rebuilds_exports_and_after_but_not_sources(smk_repo):
+    """A new Core AI beta = new pins in requirements.txt (and new installed versions): the
+    toolchain stage reruns and with it every export, AOT, gate, card and publish -- nothing else."""
+    repo, _ = smk_repo
+    req = repo / "requirements.txt"
+    text, stat = req.read_text(), req.stat()
+    try:
+        req.write_text(text.replace("coreai-core==1.0.0b3", "coreai-core==1.0.0b3  # next beta goes here"))
+        assert _planned_rules(repo) == {"toolchain", "export", "aot", "gate", "card", "stage_and_push", "publish"}
+    finally:
+        req.write_text(text)
+        os.utime(req, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert "Nothing to be done" in run("snakemake -n --cores 1 publish", repo).stdout
+
+
 def test_dvc_push_then_pull_restores_every_artifact_byte_for_byte(smk_repo):
     repo, _ = smk_repo
     before = tracked_outputs(repo)
