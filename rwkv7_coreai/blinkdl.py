@@ -111,3 +111,11 @@ def from_hf(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         else:
             raise KeyError(name)
     return out
+
+
+def original_name(hf_name: str) -> str:
+    """The BlinkDL name of an fla/HF tensor name (for messages about a .pth file)."""
+    try:
+        return next(iter(from_hf({hf_name: torch.zeros(1)})))
+    except KeyError:
+        return hf_name

@@ -83,13 +83,20 @@ def normalize(sd: Mapping[str, torch.Tensor], geom: Geometry, where: str | Path)
         sd = blinkdl.to_hf(sd)
     sd = _unpack_mixers(dict(sd))
     want = expected_shapes(geom)
+
+    def label(name: str) -> str:
+        return f"{name} (BlinkDL {blinkdl.original_name(name)})" if layout == "blinkdl" else name
+
+    fix_shape = ("the .pth is not a consistent RWKV-7 x070 checkpoint" if layout == "blinkdl"
+                 else "check that config.json matches the weights")
     for name, shape in want.items():
         if name not in sd:
-            raise PipelineError(where, f"tensor {name} is missing (expected shape {list(shape)})",
-                                "use a complete RWKV-7 checkpoint whose config.json matches its weights")
+            raise PipelineError(where, f"tensor {label(name)} is missing (expected shape {list(shape)})",
+                                "use a complete RWKV-7 checkpoint whose config.json matches its weights"
+                                if layout != "blinkdl" else "use a complete RWKV-7 x070 .pth")
         if tuple(sd[name].shape) != shape:
-            raise PipelineError(where, f"tensor {name} has shape {list(sd[name].shape)}, expected {list(shape)}",
-                                "check that config.json matches the weights")
+            raise PipelineError(where, f"tensor {label(name)} has shape {list(sd[name].shape)}, expected {list(shape)}",
+                                fix_shape)
     extra = sorted(set(sd) - set(want))
     if extra:
         name = extra[0].removeprefix("unknown:")

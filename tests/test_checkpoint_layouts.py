@@ -286,3 +286,12 @@ def test_blinkdl_unused_layer0_v_lora_is_accepted(sd, tmp_path):
     geom, got = checkpoint.load_checkpoint(write_raw(tensors, "blinkdl", tmp_path))
     assert geom == G
     assert_same_tensors(got, sd)
+
+
+def test_blinkdl_errors_name_the_tensor_as_the_file_does(sd, tmp_path):
+    tensors = blinkdl.from_hf(sd)
+    del tensors["blocks.1.att.a1"]
+    with pytest.raises(PipelineError) as exc:
+        checkpoint.load_checkpoint(write_raw(tensors, "blinkdl", tmp_path))
+    msg = str(exc.value)
+    assert "(BlinkDL blocks.1.att.a1) is missing" in msg and "x070 .pth" in msg and "config.json" not in msg
