@@ -79,7 +79,10 @@ def stage(out: Path, card: Path, vocab: Path, exports: dict[str, Path], aots: di
                 for product in sorted(p for p in aot_dir.iterdir() if p.name not in IGNORED):
                     _link_tree(product, tmp / target / bundle / product.name)
                 _link_tree(vocab, tmp / target / bundle / "rwkv_vocab.tsv")
-        receipt = {**meta, "gates": verdicts, "files": tree_manifest(tmp)}
+        files = tree_manifest(tmp)
+        receipt = {**meta, "gates": verdicts, "files": files}
+        if not meta["push"]["pushed"]:  # without a push there is no remote to compare against
+            receipt["push"] = {**meta["push"], "would_commit": sorted(files)}
         (tmp / RECEIPT).write_text(dumps_json(receipt))
     return receipt
 

@@ -169,6 +169,7 @@ def test_receipt_lists_every_staged_file_with_hashes_and_gates(staged):
     assert receipt["push"]["pushed"] is False
     assert receipt["push"]["reason"].startswith("staging only"), receipt["push"]
     assert "no publish.repo" in receipt["push"]["reason"]
+    assert receipt["push"]["would_commit"] == sorted(receipt["files"])
     assert receipt["model"] == MODEL and receipt["repo"] is None
     manifest = json.loads((results / MODEL / "source" / "manifest.json").read_text())
     assert receipt["source"] == manifest["source"]
