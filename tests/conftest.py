@@ -103,3 +103,10 @@ def tiny_results(tmp_path_factory, repo_root) -> Path:
     for out in [src, *(res / m).glob("export/*"), *(res / m).glob("aot/*/*")]:
         (out / ".snakemake_timestamp").touch()  # what Snakemake leaves in every directory() output
     return res
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _results_tree_for_modules_that_read_one(request):
+    """A test module with a module-level ``RESULTS`` reads the tree built by ``tiny_results``."""
+    if hasattr(request.module, "RESULTS"):
+        request.module.RESULTS = request.getfixturevalue("tiny_results")

@@ -21,14 +21,7 @@ from rwkv7_coreai import card as c
 from rwkv7_coreai import cli
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-RESULTS: Path = REPO_ROOT / "results"  # replaced by the session-built tree below
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _built_results(tiny_results):
-    """Read a results tree built for the tests (tests/conftest.py::tiny_results), never results/."""
-    global RESULTS
-    RESULTS = tiny_results
+RESULTS: Path = REPO_ROOT / "results"  # set to the session-built tree by conftest.py, never results/
 MODEL = "rwkv7-tiny"
 RECIPES = ["fp32", "fp16", "int8keepproj"]
 EPOCH = "1767225600"  # 2026-01-01T00:00:00Z
