@@ -2,18 +2,28 @@
 #   snakemake --cores 1 publish        (the default target)
 # Stages, one file each under rules/: source -> vocab -> reference -> export -> aot -> gate
 # -> card -> publish. dvc.yaml is generated from this DAG (scripts/gen_dvc.py).
+import os
+
 from snakemake.utils import min_version, validate
 
+from rwkv7_coreai.config import read_yaml
+from rwkv7_coreai.errors import exit_on_error
+
 min_version("9.27")
+
+if os.path.exists("config.yaml"):
+    exit_on_error(lambda: read_yaml("config.yaml"))  # a YAML error names the file and line
 
 
 configfile: "config.yaml"
 
 
+include: "rules/common.smk"  # validates the merged config: one line per problem
+
+
 validate(config, schema="rwkv7_coreai/schemas/config.schema.yaml")
 
 
-include: "rules/common.smk"
 include: "rules/source.smk"
 include: "rules/vocab.smk"
 include: "rules/reference.smk"
@@ -27,4 +37,4 @@ include: "rules/publish.smk"
 rule publish:
     default_target: True
     input:
-        publish_targets(),
+        expand(str(OUT.publish), model=MODELS),

@@ -1,19 +1,18 @@
 rule aot:
     # universal: the Linux lowering (.aimodelx); device targets: xcrun coreai-build (macOS only).
     input:
-        export=f"{RES}/{{model}}/export/{{recipe}}",
+        export=str(OUT.export("{recipe}")),
     output:
-        directory(f"{RES}/{{model}}/aot/{{target}}/{{recipe}}"),
+        directory(str(OUT.aot("{target}", "{recipe}"))),
     params:
-        config=CONFIG_FILE,
         settings=settings("aot"),
     log:
-        f"{RES}/logs/{{model}}/aot-{{target}}-{{recipe}}.log",
+        str(OUT.log("aot-{target}-{recipe}")),
     resources:
         apple_gpu=lambda w: int(config["targets"][w.target]["kind"] == "device"),
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/aot.py --config-file {params.config} --model {wildcards.model} "
+        "python scripts/aot.py --config-file {CONFIG_FILE} --model {wildcards.model} "
         "--recipe {wildcards.recipe} --target {wildcards.target} --export {input.export} "
         "--out {output} --log {log}"

@@ -1,21 +1,19 @@
 rule card:
-    # Hugging Face model card from the measured numbers (template: rwkv7_coreai/templates/).
+    # Hugging Face model card from the measured numbers (template: rwkv7_coreai/templates/),
+    # merged into cards/<model>.md when a maintainer keeps one.
     input:
-        source=f"{RES}/{{model}}/source",
-        vocab=f"{RES}/{{model}}/vocab/rwkv_vocab.tsv",
-        toolchain=f"{RES}/toolchain.json",
-        exports=lambda w: expand(f"{RES}/{w.model}/export/{{recipe}}", recipe=recipes_of(w.model)),
-        gates=lambda w: expand(f"{RES}/{w.model}/gate/{{recipe}}.json", recipe=recipes_of(w.model)),
+        unpack(lambda w: stage_inputs(card_inputs, w)),
+        curated=curated_card,
     output:
-        f"{RES}/{{model}}/card/README.md",
+        str(OUT.card),
     params:
-        config=CONFIG_FILE,
-        results=lambda w, input: os.path.dirname(input.toolchain),
         settings=settings("card"),
     log:
-        f"{RES}/logs/{{model}}/card.log",
+        str(OUT.log("card")),
     conda:
         "../envs/hub.yaml"
     shell:
-        "python scripts/card.py --config-file {params.config} --model {wildcards.model} "
-        "--results {params.results} --out {output} --log {log}"
+        "python scripts/card.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "--source {input.source} --vocab {input.vocab} --toolchain {input.toolchain} "
+        "--exports {input.exports} --gates {input.gates} --curated {input.curated} "
+        "--out {output} --log {log}"

@@ -1,22 +1,24 @@
-# Shared helpers: the config file the stages read, wildcard constraints, target lists.
+# Shared: the effective config every stage reads, the results layout, wildcard constraints.
 import json
 import os
 import re
+import time
 
 from rwkv7_coreai import config as cfgmod
 from rwkv7_coreai import toolchain
+from rwkv7_coreai.errors import exit_on_error
+from rwkv7_coreai.paths import STATE_DIR, Layout, card_inputs, publish_inputs
 
-if set(workflow.config_settings.config) - {"build"}:
-    raise ValueError(
-        "config.yaml: --config may only set `build` (the stages read their settings from the "
-        "config file) -- fix: edit the file or pass another with --configfile"
-    )
-if len(workflow.overwrite_configfiles) > 1:
-    raise ValueError("--configfile: give one config file -- fix: merge them into one file")
-CONFIG_FILE = (workflow.overwrite_configfiles or ["config.yaml"])[-1]
-cfgmod.validate(config, CONFIG_FILE)
-
+RUN_START = time.time()  # outputs newer than this were built by this run (see scripts/dvc_record.py)
+# Snakemake merged config.yaml, every --configfile and --config into `config`; the stages read
+# exactly that (CONFIG_FILE is config.yaml itself when nothing was merged over it).
+ORIGINS = [f for f in ["config.yaml"] if os.path.exists(f)] + list(map(str, workflow.overwrite_configfiles))
+ORIGINS += ["--config"] if workflow.config_settings.config else []
+CONFIG_FILE = exit_on_error(
+    lambda: cfgmod.write_effective(cfgmod.validate(config, " + ".join(ORIGINS)), ORIGINS, STATE_DIR)
+)
 RES = config["results"]
+OUT = Layout(RES, "{model}")  # output path patterns, wildcards left in
 MODELS = cfgmod.models_to_build(config)
 
 
@@ -27,29 +29,28 @@ wildcard_constraints:
 
 
 def settings(stage):
-    """params: the config values a stage depends on (a change reruns it)."""
-    return lambda w: json.dumps(
-        cfgmod.stage_params(config, stage, w.model, w.get("recipe"), w.get("target")), sort_keys=True
-    )
+    """params: the config values the stage reads, by value (a change reruns exactly that stage)."""
+    return lambda w: json.dumps(cfgmod.settings(config, stage, **dict(w.items())), sort_keys=True)
 
 
-def bundle_dir(w):
-    return config["models"][w.model]["dir"]
+def stage_inputs(inputs_of, w):
+    """Named inputs of a stage that reads every recipe (and target) of its model."""
+    lay, model = Layout(RES, w.model), config["models"][w.model]
+    named = inputs_of(lay, model["recipes"], model["targets"])
+    return {k: list(map(str, v)) if isinstance(v, list) else str(v) for k, v in named.items()}
 
 
-def recipes_of(model):
-    return config["models"][model]["recipes"]
-
-
-def targets_of(model):
-    return config["models"][model]["targets"]
-
-
-def publish_targets():
-    return expand(f"{RES}/{{model}}/publish", model=MODELS)
+def curated_card(w):
+    """A maintainer-curated card to merge into, when there is one (an input, so edits rerun the card)."""
+    path = f"cards/{w.model}.md"
+    return [path] if os.path.exists(path) else []
 
 
 onsuccess:
-    # Record what Snakemake built in DVC, so `dvc status` is clean and `dvc push` has it.
-    if os.path.isdir(".dvc"):
-        shell("python scripts/dvc_record.py")
+    # Record in DVC what this run built (and only that), so `dvc status` is clean and `dvc push` has it.
+    shell(f"python scripts/dvc_record.py --config-file {CONFIG_FILE} --since {RUN_START!r}")
+
+
+onerror:
+    # Jobs that finished before the failure are recorded too; a failed job leaves no output.
+    shell(f"python scripts/dvc_record.py --config-file {CONFIG_FILE} --since {RUN_START!r} || true")

@@ -1,18 +1,17 @@
 rule export:
     input:
-        source=f"{RES}/{{model}}/source",
-        toolchain=f"{RES}/toolchain.json",
+        source=str(OUT.source),
+        toolchain=str(OUT.toolchain),
     output:
-        directory(f"{RES}/{{model}}/export/{{recipe}}"),
+        directory(str(OUT.export("{recipe}"))),
     params:
-        config=CONFIG_FILE,
         settings=settings("export"),
     log:
-        f"{RES}/logs/{{model}}/export-{{recipe}}.log",
+        str(OUT.log("export-{recipe}")),
     resources:
         mem_mb=16000,
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/export.py --config-file {params.config} --model {wildcards.model} "
+        "python scripts/export.py --config-file {CONFIG_FILE} --model {wildcards.model} "
         "--recipe {wildcards.recipe} --source {input.source} --out {output} --log {log}"

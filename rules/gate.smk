@@ -1,21 +1,21 @@
 rule gate:
     # Teacher-forced parity in the Core AI runtime against the reference. Exits nonzero on a
-    # failure, so nothing downstream (card, publish) can use that bundle.
+    # failure, so nothing downstream (card, publish) can use that bundle. The JSON records the
+    # sha256 of every file it tested: publish ships only those bytes.
     input:
-        export=f"{RES}/{{model}}/export/{{recipe}}",
-        aot=f"{RES}/{{model}}/aot/universal/{{recipe}}",
-        reference=f"{RES}/{{model}}/reference/stream.npz",
+        export=str(OUT.export("{recipe}")),
+        aot=str(OUT.aot("universal", "{recipe}")),
+        reference=str(OUT.reference),
     output:
-        json=f"{RES}/{{model}}/gate/{{recipe}}.json",
-        tsv=f"{RES}/{{model}}/gate/{{recipe}}.tsv",
+        json=str(OUT.gate_json("{recipe}")),
+        tsv=str(OUT.gate_tsv("{recipe}")),
     params:
-        config=CONFIG_FILE,
         settings=settings("gate"),
     log:
-        f"{RES}/logs/{{model}}/gate-{{recipe}}.log",
+        str(OUT.log("gate-{recipe}")),
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/gate.py --config-file {params.config} --model {wildcards.model} "
+        "python scripts/gate.py --config-file {CONFIG_FILE} --model {wildcards.model} "
         "--recipe {wildcards.recipe} --export {input.export} --aot {input.aot} "
         "--reference {input.reference} --json {output.json} --tsv {output.tsv} --log {log}"

@@ -1,17 +1,16 @@
 rule reference:
     # The oracle's token stream and fp32 logits, computed once per model for every recipe's gate.
     input:
-        source=f"{RES}/{{model}}/source",
-        vocab=f"{RES}/{{model}}/vocab/rwkv_vocab.tsv",
+        source=str(OUT.source),
+        vocab=str(OUT.vocab),
     output:
-        f"{RES}/{{model}}/reference/stream.npz",
+        str(OUT.reference),
     params:
-        config=CONFIG_FILE,
         settings=settings("reference"),
     log:
-        f"{RES}/logs/{{model}}/reference.log",
+        str(OUT.log("reference")),
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/reference.py --config-file {params.config} --model {wildcards.model} "
+        "python scripts/reference.py --config-file {CONFIG_FILE} --model {wildcards.model} "
         "--source {input.source} --vocab {input.vocab} --out {output} --log {log}"

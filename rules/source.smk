@@ -1,31 +1,29 @@
 rule toolchain:
     # Versions and code that shape a bundle. A new Core AI beta (or a code change) changes
     # `params`, Snakemake reruns this rule, and every export and what follows is rebuilt.
-    output:
-        f"{RES}/toolchain.json",
     input:
         "requirements.txt",
+    output:
+        str(OUT.toolchain),
     params:
-        config=CONFIG_FILE,
         record=json.dumps(toolchain.record(), sort_keys=True),
     log:
         f"{RES}/logs/toolchain.log",
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/toolchain.py --config-file {params.config} --out {output} --log {log}"
+        "python scripts/toolchain.py --config-file {CONFIG_FILE} --out {output} --log {log}"
 
 
 rule source:
     output:
-        directory(f"{RES}/{{model}}/source"),
+        directory(str(OUT.source)),
     params:
-        config=CONFIG_FILE,
         settings=settings("source"),
     log:
-        f"{RES}/logs/{{model}}/source.log",
+        str(OUT.log("source")),
     conda:
         "../envs/hub.yaml"
     shell:
-        "python scripts/source.py --config-file {params.config} --model {wildcards.model} "
+        "python scripts/source.py --config-file {CONFIG_FILE} --model {wildcards.model} "
         "--out {output} --log {log}"

@@ -1,15 +1,14 @@
 rule vocab:
     input:
-        source=f"{RES}/{{model}}/source",
+        source=str(OUT.source),
     output:
-        f"{RES}/{{model}}/vocab/rwkv_vocab.tsv",
+        str(OUT.vocab),
     params:
-        config=CONFIG_FILE,
         settings=settings("vocab"),
     log:
-        f"{RES}/logs/{{model}}/vocab.log",
+        str(OUT.log("vocab")),
     conda:
         "../envs/hub.yaml"
     shell:
-        "python scripts/vocab.py --config-file {params.config} --model {wildcards.model} "
+        "python scripts/vocab.py --config-file {CONFIG_FILE} --model {wildcards.model} "
         "--source {input.source} --out {output} --log {log}"

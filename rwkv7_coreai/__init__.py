@@ -5,3 +5,5 @@ Snakemake (``rules/*.smk``) and DVC (``dvc.yaml``) call.
 """
 
 __version__ = "0.1.0"
+
+from . import reproducible  # noqa: E402,F401 - sets SWIFT_DETERMINISTIC_HASHING before anything loads coreai

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,7 +16,9 @@ from pathlib import Path
 from .config import DEVICE_ARCHITECTURES
 from .coreai_runtime import lower_universal
 from .errors import PipelineError
-from .fsutil import atomic_path
+from .fsutil import atomic_path, dumps_json, first_difference, tree_manifest
+
+RECORD = "aot.json"  # beside the product: what it was built from and what it holds (never published)
 
 
 def device_command(aimodel: Path, arch: str, platform: str, aot_cfg: dict, out_dir: Path) -> list[str]:
@@ -46,16 +49,38 @@ def compile_device(aimodel: Path, arch: str, platform: str, aot_cfg: dict, out_d
     return product
 
 
-def build_target(export_dir: Path, bundle_dir: str, target: str, target_cfg: dict, aot_cfg: dict,
-                 out_dir: Path) -> Path:
-    aimodel = export_dir / f"{bundle_dir}.aimodel"
+def build_target(export_dir: Path, bundle: str, recipe: str, target: str, target_cfg: dict, aot_cfg: dict,
+                 out_dir: Path) -> dict:
+    """Lower or compile ``<bundle>.aimodel`` for ``target`` into ``out_dir``, with ``aot.json``:
+    the digests of the bundle it was built from and of what it wrote (the gate and publish
+    check both, so a lowering of other bytes is never shipped as this bundle's)."""
+    aimodel = export_dir / f"{bundle}.aimodel"
     if not aimodel.is_dir():
         raise PipelineError(aimodel, "export bundle is missing", "run the export stage first")
+    source_files = tree_manifest(aimodel)
     with atomic_path(out_dir, directory=True) as tmp:
         if target_cfg["kind"] == "linux":
-            lowered = tmp / f"{bundle_dir}.aimodelx"
-            lowered.mkdir()
-            lower_universal(aimodel, lowered)
+            product = tmp / f"{bundle}.aimodelx"
+            product.mkdir()
+            lower_universal(aimodel, product)
         else:
-            compile_device(aimodel, target, target_cfg.get("platform", "iOS"), aot_cfg, tmp)
-    return out_dir
+            product = compile_device(aimodel, target, target_cfg.get("platform", "iOS"), aot_cfg, tmp)
+        record = {"target": target, "recipe": recipe, "bundle": aimodel.name, "product": product.name,
+                  "from": source_files, "files": tree_manifest(tmp)}
+        (tmp / RECORD).write_text(dumps_json(record))
+    return record
+
+
+def read_record(aot_dir: Path) -> dict:
+    """``aot.json``, checked against the files beside it (``files``: relative to ``aot_dir``)."""
+    path = Path(aot_dir) / RECORD
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PipelineError(path, "AOT record missing", "rerun the aot stage (snakemake --forcerun aot)") from None
+    on_disk = {rel: v for rel, v in tree_manifest(aot_dir).items() if rel != RECORD}
+    bad = first_difference(on_disk, record["files"])
+    if bad:
+        raise PipelineError(Path(aot_dir) / bad, "differs from what the aot stage wrote (aot.json)",
+                            "rerun the aot stage: snakemake --forcerun aot")
+    return record

@@ -16,6 +16,7 @@ from pathlib import Path
 import jinja2
 import yaml
 
+from .checkpoint import WEIGHT_FILE
 from .errors import PipelineError
 
 BLOCK = re.compile(r"<!-- (?P<name>[\w-]+) begin -->\r?\n(?P<body>.*?)<!-- (?P=name) end -->", re.S)
@@ -65,15 +66,16 @@ def source_license(source_dir: Path, fallback: str | None) -> str:
     raise PipelineError(readme, "no license in the source card and none in config", "set models.<name>.license")
 
 
-def build_date(config_file: Path = Path("config.yaml")) -> str:
-    """Reproducible: $SOURCE_DATE_EPOCH, else the date of the last commit that changed the config file."""
+def build_date(config_origin: str = "config.yaml") -> str:
+    """Reproducible: $SOURCE_DATE_EPOCH, else the date of the last commit that changed the config
+    file (the first of the files the config was merged from)."""
     import os
     from datetime import datetime, timezone
 
     if os.environ.get("SOURCE_DATE_EPOCH"):
         return datetime.fromtimestamp(int(os.environ["SOURCE_DATE_EPOCH"]), timezone.utc).strftime("%Y-%m-%d")
     try:
-        config_file = Path(config_file).resolve()
+        config_file = Path(config_origin.split(" + ")[0]).resolve()
         out = subprocess.run(["git", "log", "-1", "--format=%cs", "--", config_file.name], cwd=config_file.parent,
                              capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
@@ -94,9 +96,14 @@ def _size(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
-def context(model: str, mcfg: dict, cfg: dict, source_manifest: dict, exports: dict[str, dict],
-            gates: dict[str, dict], source_dir: Path, toolchain: dict, vocab_entries: int,
-            config_file: Path = Path("config.yaml")) -> dict:
+def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dict], gates: dict[str, dict],
+            source_dir: Path, toolchain: dict, vocab_entries: int, date: str) -> dict:
+    """Everything the template shows; ``cfg`` holds at least the card stage's settings."""
+    mcfg = cfg["models"][model]
+    missing = [r for r in mcfg["recipes"] if r not in exports or r not in gates]
+    if missing:
+        raise PipelineError(f"recipe {missing[0]}", "has no export record or gate result among the card's inputs",
+                            "run the export and gate stages for every recipe of the model")
     g = source_manifest["geometry"]
     recipes = []
     for name in mcfg["recipes"]:
@@ -128,8 +135,8 @@ def context(model: str, mcfg: dict, cfg: dict, source_manifest: dict, exports: d
         "targets": targets, "gate_steps": next(iter(gates.values()))["steps"],
         "n_prompts": len(next(iter(gates.values()))["prompts"]),
         "vocab_entries": vocab_entries, "device_numbers": mcfg.get("device_numbers") or {},
-        "weights_sha256": source_manifest["files"]["model.safetensors"]["sha256"],
-        "toolchain": toolchain, "build_date": build_date(config_file),
+        "weights_sha256": source_manifest["files"][WEIGHT_FILE]["sha256"],
+        "toolchain": toolchain, "build_date": date,
     }
 
 
@@ -145,3 +152,11 @@ def load_json(path: Path) -> dict:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise PipelineError(path, "missing", "run the stage that writes it") from None
+    except json.JSONDecodeError as exc:
+        raise PipelineError(path, f"invalid JSON ({exc.msg} at line {exc.lineno})", "rerun the stage that writes it") from None
+
+
+def by_recipe(paths: list[Path], name: str | None = None) -> dict[str, dict]:
+    """Records (``export.json`` in each dir, or gate JSON files) keyed by the recipe they name."""
+    records = [load_json(Path(p) / name if name else Path(p)) for p in paths]
+    return {r["recipe"]: r for r in records}

@@ -3,13 +3,19 @@
 Accepted: fla/HF with split mixers (``attn.x_r`` … ``attn.x_g``), older fla with the
 packed ``attn.x_x`` [6,C], and BlinkDL x070 ``.pth``. The normal form is the split fla
 layout of :func:`rwkv7_coreai.geometry.expected_shapes`, validated name by name.
+
+Weights come from one file, every ``*.safetensors`` of a directory, or exactly the shards that
+``model.safetensors.index.json`` names. Every tensor is checked as it is read (float32/float16/
+bfloat16, finite) and stored once; anything else is a :class:`PipelineError` naming it.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import torch
 from safetensors import safe_open
@@ -20,11 +26,23 @@ from .errors import PipelineError
 from .geometry import MIXERS, Geometry, expected_shapes
 
 WEIGHT_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"  # the HF sharded layout: {"weight_map": {tensor: shard file}}
+SUFFIXES = (".safetensors", ".pth")
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def weight_files(src: Path) -> list[Path]:
+    """The weight files of a checkpoint: the file itself, the shards its index names, or every
+    ``*.safetensors`` (else every ``*.pth``) of the directory."""
     if src.is_file():
+        if src.suffix not in SUFFIXES:
+            raise PipelineError(src, f"is not a weights file (suffix {src.suffix or 'none'!r}); accepted are "
+                                "*.safetensors, *.pth or a directory in Hugging Face layout",
+                                "point source.path at the checkpoint's .safetensors/.pth file or its directory")
         return [src]
+    index = shard_index(src)
+    if index is not None:
+        return _indexed_files(src, index)
     files = sorted(src.glob("*.safetensors"))
     if not files:
         files = sorted(src.glob("*.pth"))
@@ -34,33 +52,110 @@ def weight_files(src: Path) -> list[Path]:
     return files
 
 
-def read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
-    """All tensors of the given files (safetensors are mmap'd, not copied)."""
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        if f.suffix == ".pth":
-            try:
-                sd = torch.load(f, map_location="cpu", mmap=True, weights_only=True)
-            except Exception as exc:  # noqa: BLE001 - any unpickling failure is a bad file
-                raise PipelineError(f, f"cannot read PyTorch checkpoint ({type(exc).__name__}: {exc})",
-                                    "re-download the file; it is truncated or not a state dict") from None
-            out.update(sd)
-            continue
+def shard_index(src: Path) -> dict[str, str] | None:
+    """The ``weight_map`` (tensor -> shard file) of the directory's shard index, if it has one."""
+    path = src / INDEX_FILE
+    if not path.is_file():
+        return None
+    fix = "repair or re-download model.safetensors.index.json (or delete it to read every *.safetensors)"
+    index = _read_json(path, fix)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise PipelineError(path, "has no weight_map object {tensor: shard file}", fix)
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str) or Path(shard).name != shard or Path(shard).suffix != ".safetensors":
+            raise PipelineError(path, f"maps tensor {tensor} to {shard!r}, not a *.safetensors file beside the index",
+                                fix)
+    return weight_map
+
+
+def _indexed_files(src: Path, index: dict[str, str]) -> list[Path]:
+    named = sorted(set(index.values()))
+    for shard in named:
+        if not (src / shard).is_file():
+            raise PipelineError(src / INDEX_FILE, f"names shard {shard}, which is missing",
+                                "download every shard the index names (an interrupted download?)")
+    unnamed = sorted(p.name for p in src.glob("*.safetensors") if p.name not in named)
+    if unnamed:
+        raise PipelineError(src / INDEX_FILE, f"does not name {unnamed[0]} ({len(unnamed)} unnamed *.safetensors in "
+                            f"{src})", f"remove {unnamed[0]} from the directory or use the index that lists it")
+    return [src / shard for shard in named]
+
+
+def _file_tensors(f: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of one weights file; safetensors are mmap'd, not copied."""
+    if f.suffix == ".pth":
         try:
-            with safe_open(f, framework="pt") as fh:
-                for name in fh.keys():
-                    out[name] = fh.get_tensor(name)
-        except Exception as exc:  # noqa: BLE001 - safetensors raises several types for bad headers
-            raise PipelineError(f, f"cannot read safetensors ({exc})",
-                                "re-download the file; it is truncated or corrupted") from None
+            sd = torch.load(f, map_location="cpu", mmap=True, weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - any unpickling failure is a bad file
+            raise PipelineError(f, f"cannot read PyTorch checkpoint ({type(exc).__name__}: {exc})",
+                                "re-download the file; it is truncated or not a state dict") from None
+        fix = "save the weights as a state dict: torch.save(model.state_dict(), path)"
+        if not isinstance(sd, Mapping):
+            raise PipelineError(f, f"holds a {type(sd).__name__}, not a state dict of tensors", fix)
+        for name, t in sd.items():
+            if not isinstance(name, str):
+                raise PipelineError(f, f"has a key {name!r} that is not a tensor name", fix)
+            if not isinstance(t, torch.Tensor):
+                raise PipelineError(f, f"entry {name!r} is not a tensor ({type(t).__name__})", fix)
+        yield from sd.items()
+        return
+    try:
+        with safe_open(f, framework="pt") as fh:
+            for name in fh.keys():
+                yield name, fh.get_tensor(name)
+    except Exception as exc:  # noqa: BLE001 - safetensors raises several types for bad headers
+        raise PipelineError(f, f"cannot read safetensors ({exc})",
+                            "re-download the file; it is truncated or corrupted") from None
+
+
+def check_values(f: Path, name: str, t: torch.Tensor) -> None:
+    """A weight must be floating point and finite. One fused min/max pass (no copy of the tensor);
+    the NaN/Inf count is only computed for the message."""
+    if t.dtype not in FLOAT_DTYPES:
+        raise PipelineError(f, f"tensor {name} has dtype {str(t.dtype).removeprefix('torch.')}; weights must be "
+                            "float32, float16 or bfloat16", "the file is corrupted or not an RWKV-7 checkpoint: "
+                            "re-download it or convert it with floating-point weights")
+    if t.numel() and not all(torch.isfinite(x) for x in torch.aminmax(t)):
+        nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+        raise PipelineError(f, f"tensor {name} has {nan} NaN and {inf} infinite values (of {t.numel()})",
+                            "the weights are corrupted (or come from a diverged run): "
+                            "re-download or use another checkpoint")
+
+
+def read_tensors(files: list[Path], index: Mapping[str, str] | None = None) -> dict[str, torch.Tensor]:
+    """All tensors of the given files, each checked as it is read (see :func:`check_values`).
+    A tensor in two files is an error; with a shard ``index``, every tensor must come from the
+    shard the index maps it to."""
+    out: dict[str, torch.Tensor] = {}
+    origin: dict[str, Path] = {}
+    for f in files:
+        for name, t in _file_tensors(f):
+            if name in origin:
+                raise PipelineError(f.parent, f"tensor {name} is in both {origin[name].name} and {f.name}",
+                                    "remove the stale or duplicated shard so that each tensor is stored once")
+            if index is not None and index.get(name) != f.name:
+                what = (f"holds tensor {name}, which {INDEX_FILE} maps to {index[name]}" if name in index
+                        else f"holds tensor {name}, which {INDEX_FILE} does not list")
+                raise PipelineError(f, what, "re-download the checkpoint: its shards and index do not match")
+            check_values(f, name, t)
+            out[name], origin[name] = t, f
+    for name, shard in (index or {}).items():
+        if name not in out:
+            raise PipelineError(files[0].parent / INDEX_FILE, f"maps tensor {name} to {shard}, which does not hold it",
+                                "re-download the checkpoint: its shards and index do not match")
     return out
 
 
-def _unpack_mixers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _unpack_mixers(sd: dict[str, torch.Tensor], where: str | Path) -> dict[str, torch.Tensor]:
     out = {}
     for name, t in sd.items():
         if name.endswith(".attn.x_x") and t.dim() == 2 and t.shape[0] == len(MIXERS):
             prefix = name[: -len("x_x")]
+            split = [f"{prefix}x_{m}" for m in MIXERS if f"{prefix}x_{m}" in sd]
+            if split:
+                raise PipelineError(where, f"{name} (packed mixers) and {split[0]} (split) are both present",
+                                    "keep one mixer layout per layer: remove attn.x_x or the attn.x_r ... x_g tensors")
             for row, m in enumerate(MIXERS):
                 out[f"{prefix}x_{m}"] = t[row].reshape(1, 1, -1).clone()
         else:
@@ -81,7 +176,7 @@ def normalize(sd: Mapping[str, torch.Tensor], geom: Geometry, where: str | Path)
     layout = detect_layout(sd.keys())
     if layout == "blinkdl":
         sd = blinkdl.to_hf(sd)
-    sd = _unpack_mixers(dict(sd))
+    sd = _unpack_mixers(dict(sd), where)
     want = expected_shapes(geom)
 
     def label(name: str) -> str:
@@ -105,47 +200,74 @@ def normalize(sd: Mapping[str, torch.Tensor], geom: Geometry, where: str | Path)
     return {name: sd[name] for name in want}
 
 
+def _read_json(path: Path, fix: str) -> object:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise PipelineError(path, f"invalid JSON ({exc.msg} at line {exc.lineno})", fix) from None
+    except UnicodeDecodeError as exc:
+        raise PipelineError(path, f"is not UTF-8 text (byte {exc.start})", fix) from None
+
+
 def load_geometry(src: Path) -> Geometry:
     cfg_path = src / "config.json"
     if not cfg_path.is_file():
         raise PipelineError(src, "config.json is missing", "use a snapshot in Hugging Face layout (config.json + weights)")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise PipelineError(cfg_path, f"invalid JSON ({exc.msg} at line {exc.lineno})", "repair or re-download config.json") from None
-    return Geometry.from_hf_config(cfg, cfg_path)
+    return Geometry.from_hf_config(_read_json(cfg_path, "repair or re-download config.json"), cfg_path)
 
 
 def infer_blinkdl_geometry(sd: Mapping[str, torch.Tensor], where: str | Path) -> Geometry:
     """A BlinkDL .pth carries no config.json: read the shape off its tensors."""
-    try:
-        vocab, hidden = sd["emb.weight"].shape
-        heads, head_dim = sd["blocks.0.att.r_k"].shape
-        layers = 1 + max(int(n.split(".")[1]) for n in sd if n.startswith("blocks."))
-        return Geometry(layers=layers, hidden=hidden, head_dim=head_dim, ffn=sd["blocks.0.ffn.key.weight"].shape[0],
-                        vocab=vocab, decay_lora=sd["blocks.0.att.w1"].shape[1], a_lora=sd["blocks.0.att.a1"].shape[1],
-                        v_lora=sd["blocks.1.att.v1"].shape[1] if layers > 1 else 1,
-                        gate_lora=sd["blocks.0.att.g1"].shape[1]).check(where)
-    except KeyError as exc:
-        raise PipelineError(where, f"tensor {exc.args[0]} is missing", "use a complete BlinkDL x070 checkpoint") from None
+    def shape(name: str) -> tuple[int, int]:
+        if name not in sd:
+            raise PipelineError(where, f"tensor {name} is missing", "use a complete BlinkDL x070 checkpoint")
+        if sd[name].dim() != 2:
+            raise PipelineError(where, f"tensor {name} has shape {list(sd[name].shape)}, expected 2 dimensions",
+                                "the .pth is not a consistent RWKV-7 x070 checkpoint")
+        return tuple(sd[name].shape)
+
+    vocab, hidden = shape("emb.weight")
+    heads, head_dim = shape("blocks.0.att.r_k")
+    layers = 1 + max((int(m.group(1)) for n in sd if (m := re.match(r"blocks\.(\d+)\.", n))), default=-1)
+    return Geometry(layers=layers, hidden=hidden, head_dim=head_dim, ffn=shape("blocks.0.ffn.key.weight")[0],
+                    vocab=vocab, decay_lora=shape("blocks.0.att.w1")[1], a_lora=shape("blocks.0.att.a1")[1],
+                    v_lora=shape("blocks.1.att.v1")[1] if layers > 1 else 1,
+                    gate_lora=shape("blocks.0.att.g1")[1]).check(where)
 
 
-def load_checkpoint(src: str | Path, dtype: torch.dtype | None = None) -> tuple[Geometry, dict[str, torch.Tensor]]:
-    """Geometry and normalised weights of an HF-layout directory or a single weights file
-    (weights mmap'd where possible). A BlinkDL .pth needs no config.json."""
+@dataclass(frozen=True)
+class Checkpoint:
+    geometry: Geometry
+    tensors: dict[str, torch.Tensor]  # the normal form (split fla layout), in expected_shapes order
+    layout: str                       # the layout it was read from
+    weights: list[Path]               # the weight files read
+    inputs: list[Path]                # every file read: the weights, the shard index, config.json
+
+
+def read_checkpoint(src: str | Path) -> Checkpoint:
+    """Read, check and normalise an HF-layout directory or a single weights file, in one pass over
+    the weights (mmap'd where possible). A BlinkDL .pth needs no config.json."""
     src = Path(src)
     files = weight_files(src)
     where = files[0] if len(files) == 1 else src
-    raw = read_tensors(files)
+    index = shard_index(src) if src.is_dir() else None
+    raw = read_tensors(files, index)
+    layout = detect_layout(raw.keys())
     cfg_dir = src if src.is_dir() else src.parent
-    if detect_layout(raw.keys()) == "blinkdl" and not (cfg_dir / "config.json").is_file():
+    used = list(files) + ([src / INDEX_FILE] if index is not None else [])
+    if layout == "blinkdl" and not (cfg_dir / "config.json").is_file():
         geom = infer_blinkdl_geometry(raw, where)
     else:
         geom = load_geometry(cfg_dir)
-    sd = normalize(raw, geom, where)
-    if dtype is not None:
-        sd = {k: v.to(dtype) for k, v in sd.items()}
-    return geom, sd
+        used.append(cfg_dir / "config.json")
+    return Checkpoint(geom, normalize(raw, geom, where), layout, files, used)
+
+
+def load_checkpoint(src: str | Path, dtype: torch.dtype | None = None) -> tuple[Geometry, dict[str, torch.Tensor]]:
+    """Geometry and normalised weights (see :func:`read_checkpoint`), optionally cast to ``dtype``."""
+    ck = read_checkpoint(src)
+    sd = ck.tensors if dtype is None else {k: v.to(dtype) for k, v in ck.tensors.items()}
+    return ck.geometry, sd
 
 
 def save_normalized(sd: Mapping[str, torch.Tensor], path: Path) -> None:

@@ -1,8 +1,9 @@
 """Entry points of the pipeline stages (``scripts/*.py`` call these; so do dvc.yaml's cmds).
 
-Every stage takes ``--config-file`` and the names of what it builds; it reads its settings
-from the validated config, writes its outputs atomically, logs details to ``--log`` and
-reports a fixable problem as one line on stderr with exit 1.
+Every stage takes ``--config-file`` (config.yaml, or the effective config the Snakefile wrote)
+and the paths its rule declares; it reads only its own settings (``config.settings``: the
+keys listed in ``config.STAGE_KEYS``), writes its outputs atomically, logs details to
+``--log`` and reports any problem as one line on stderr (and in the log) with exit 1.
 """
 
 from __future__ import annotations
@@ -10,34 +11,46 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import resource
 import sys
 import time
 from pathlib import Path
 
 from . import config as cfgmod
 from .errors import PipelineError, main_guard
-from .fsutil import dumps_json
-from .paths import Layout, bundle_name
+from .paths import bundle_name
 
 log = logging.getLogger("rwkv7_coreai")
+WILDCARDS = ("model", "recipe", "target")
 
 
-def _parser(stage: str, *args: str) -> argparse.ArgumentParser:
+def _parser(stage: str, *args: str, lists: tuple[str, ...] = (), optional_lists: tuple[str, ...] = ()):
     p = argparse.ArgumentParser(prog=f"scripts/{stage}.py")
-    p.add_argument("--config-file", default="config.yaml")
-    p.add_argument("--log", help="append a detailed log here")
+    p.add_argument("--config-file", default=cfgmod.DEFAULT_FILE)
+    p.add_argument("--log", help="write a detailed log here")
     for a in args:
         p.add_argument(f"--{a}", required=True)
+    for a in lists:
+        p.add_argument(f"--{a}", nargs="+", required=True, type=Path)
+    for a in optional_lists:
+        p.add_argument(f"--{a}", nargs="*", default=[], type=Path)
     return p
 
 
-def _setup(ns) -> dict:
+def _setup(stage: str, ns: argparse.Namespace) -> tuple[dict, dict]:
+    """Logging to stdout and ``--log``; returns (this stage's settings, the whole config)."""
     handlers = [logging.StreamHandler(sys.stdout)]
     if ns.log:
         Path(ns.log).parent.mkdir(parents=True, exist_ok=True)
         handlers.append(logging.FileHandler(ns.log, mode="w"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", handlers=handlers, force=True)
-    return cfgmod.load(ns.config_file)
+    cfg = cfgmod.load(ns.config_file)
+    names = {k: getattr(ns, k, None) for k in WILDCARDS}
+    return cfgmod.settings(cfg, stage, **names), cfg
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 @main_guard
@@ -45,29 +58,29 @@ def source(argv=None) -> int:
     from .source import build_source
 
     ns = _parser("source", "model", "out").parse_args(argv)
-    cfg = _setup(ns)
-    manifest = build_source(ns.model, cfgmod.model(cfg, ns.model), cfg["vocab"], Path(ns.out))
+    s, _ = _setup("source", ns)
+    manifest = build_source(ns.model, s["models"][ns.model], s["vocab"], Path(ns.out))
     log.info("source %s: %s (%s layout) -> %s, %d files", ns.model, manifest["source"]["uri"], manifest["layout"],
              ns.out, len(manifest["files"]))
 
 
 @main_guard
 def vocab(argv=None) -> int:
-    from . import vocab as v
-    from .source import VOCAB_FILE
+    from . import vocab as world
     from .fsutil import sha256_file
+    from .source import VOCAB_FILE
 
     ns = _parser("vocab", "model", "source", "out").parse_args(argv)
-    cfg = _setup(ns)
-    vc = cfg["vocab"]
-    original = v.package_vocab(vc["package"], vc["version"], vc["file"], vc["sha256"])
+    s, _ = _setup("vocab", ns)
+    vc = s["vocab"]
+    original = world.package_vocab(vc["package"], vc["version"], vc["file"], vc["sha256"])
     shipped = Path(ns.source) / VOCAB_FILE
     if shipped.is_file() and sha256_file(shipped) != vc["sha256"]:
         raise PipelineError(shipped, "the checkpoint's vocab differs from the pinned World vocab",
                             "this model does not use the RWKV World tokenizer; it is not supported")
     import pyrwkv_tokenizer
 
-    report = v.bake(original, Path(ns.out), official=pyrwkv_tokenizer.RWKVTokenizer())
+    report = world.bake(original, Path(ns.out), official=pyrwkv_tokenizer.RWKVTokenizer())
     log.info("vocab %s: %d entries baked to %s; corpus of %d checked (%d also against pyrwkv_tokenizer)",
              ns.model, report["entries"], ns.out, report["corpus"], report["checked_official"])
 
@@ -81,34 +94,31 @@ def reference(argv=None) -> int:
     from .vocab import read_tsv
 
     ns = _parser("reference", "model", "source", "vocab", "out").parse_args(argv)
-    cfg = _setup(ns)
+    s, cfg = _setup("reference", ns)
     t0 = time.perf_counter()
-    stream = reference_stream(Path(ns.source), read_tsv(Path(ns.vocab)), cfg["gate"]["prompts"], cfg["gate"]["steps"])
+    stream = reference_stream(Path(ns.source), read_tsv(Path(ns.vocab)), s["gate"]["prompts"], s["gate"]["steps"],
+                              cfgmod.origin(cfg))
     with atomic_path(ns.out) as tmp:
         with open(tmp, "wb") as fh:
             np.savez(fh, **stream)
     top2 = np.sort(stream["logits"], axis=1)[:, -2:]
-    margins = top2[:, 1] - top2[:, 0]
-    log.info("reference %s: %d steps in %.1f s; logit max %.2f; top-2 margin median %.3f, %d below %.2f",
-             ns.model, len(stream["tokens"]), time.perf_counter() - t0, float(stream["logits"].max()),
-             float(np.median(margins)), int((margins < cfg["gate"]["near_tie_epsilon"]).sum()),
-             cfg["gate"]["near_tie_epsilon"])
+    log.info("reference %s: %d steps in %.1f s; logit max %.2f; top-2 margin median %.3f, min %.3f", ns.model,
+             len(stream["tokens"]), time.perf_counter() - t0, float(stream["logits"].max()),
+             float(np.median(top2[:, 1] - top2[:, 0])), float((top2[:, 1] - top2[:, 0]).min()))
 
 
 @main_guard
 def export(argv=None) -> int:
-    import resource
-
     from .export import export_recipe
 
     ns = _parser("export", "model", "recipe", "source", "out").parse_args(argv)
-    cfg = _setup(ns)
-    m = cfgmod.model(cfg, ns.model)
-    rec = export_recipe(Path(ns.source), ns.recipe, cfgmod.recipe(cfg, ns.recipe), bundle_name(m["dir"], ns.recipe),
-                        Path(ns.out))
+    s, _ = _setup("export", ns)
+    t0 = time.perf_counter()
+    rec = export_recipe(Path(ns.source), ns.recipe, s["recipes"][ns.recipe],
+                        bundle_name(s["models"][ns.model]["dir"], ns.recipe), Path(ns.out))
     log.info("export %s/%s: %s, %.1f MB in %.1f s, peak RSS %.0f MB; quantised %d linears, kept %d",
-             ns.model, ns.recipe, rec["bundle"], rec["size_bytes"] / 1e6, rec["export_seconds"],
-             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, len(rec["quantized"]), len(rec["kept"]))
+             ns.model, ns.recipe, rec["bundle"], rec["size_bytes"] / 1e6, time.perf_counter() - t0, _rss_mb(),
+             len(rec["quantized"]), len(rec["kept"]))
     for row in rec["kept"] + rec["quantized"]:
         log.info("  %-40s %-5s %s", row["layer"], row["action"], row["reason"])
 
@@ -118,11 +128,12 @@ def aot(argv=None) -> int:
     from .aot import build_target
 
     ns = _parser("aot", "model", "recipe", "target", "export", "out").parse_args(argv)
-    cfg = _setup(ns)
-    m = cfgmod.model(cfg, ns.model)
+    s, _ = _setup("aot", ns)
     t0 = time.perf_counter()
-    build_target(Path(ns.export), bundle_name(m["dir"], ns.recipe), ns.target, cfgmod.target(cfg, ns.target), cfg["aot"], Path(ns.out))
-    log.info("aot %s/%s/%s -> %s in %.1f s", ns.model, ns.target, ns.recipe, ns.out, time.perf_counter() - t0)
+    build_target(Path(ns.export), bundle_name(s["models"][ns.model]["dir"], ns.recipe), ns.recipe, ns.target,
+                 s["targets"][ns.target], s["aot"], Path(ns.out))
+    log.info("aot %s/%s/%s -> %s in %.1f s, peak RSS %.0f MB", ns.model, ns.target, ns.recipe, ns.out,
+             time.perf_counter() - t0, _rss_mb())
 
 
 @main_guard
@@ -130,71 +141,65 @@ def gate(argv=None) -> int:
     from .gate import gate_bundle
 
     ns = _parser("gate", "model", "recipe", "export", "aot", "reference", "json", "tsv").parse_args(argv)
-    cfg = _setup(ns)
-    m = cfgmod.model(cfg, ns.model)
+    s, _ = _setup("gate", ns)
+    t0 = time.perf_counter()
     res = gate_bundle(ns.model, ns.recipe, Path(ns.export), Path(ns.aot), Path(ns.reference),
-                      cfgmod.gate_settings(cfg, ns.recipe), bundle_name(m["dir"], ns.recipe), Path(ns.json), Path(ns.tsv))
-    log.info("gate %s/%s PASS: %d/%d top-1 outside %d near-ties, max|dlogits| %.3g, mean KL %.3g, %.1f s",
-             ns.model, ns.recipe, res["agree_counted"], res["counted"], res["near_ties"], res["max_abs_dlogits"],
-             res["mean_kl"], res["runtime_seconds"])
+                      cfgmod.gate_settings(s, ns.recipe), Path(ns.json), Path(ns.tsv))
+    seconds = time.perf_counter() - t0
+    log.info("gate %s/%s PASS: %d/%d top-1 outside %d near-ties, max|dlogits| %.3g, mean KL %.3g; "
+             "%.1f s (%.3f s/step), peak RSS %.0f MB", ns.model, ns.recipe, res["agree_counted"], res["counted"],
+             res["near_ties"], res["max_abs_dlogits"], res["mean_kl"], seconds, seconds / res["steps"], _rss_mb())
 
 
 @main_guard
 def card(argv=None) -> int:
-    from . import card as c
+    from . import card as model_card
     from .fsutil import write_text_atomic
     from .source import read_manifest
     from .vocab import read_tsv
 
-    ns = _parser("card", "model", "results", "out").parse_args(argv)
-    ns_existing = Path("cards") / f"{ns.model}.md"  # a maintainer-curated card, if any, is merged into
-    cfg = _setup(ns)
-    m, lay = cfgmod.model(cfg, ns.model), Layout(ns.results, ns.model)
-    ctx = c.context(ns.model, m, cfg, read_manifest(lay.source),
-                    {r: c.load_json(lay.export(r) / "export.json") for r in m["recipes"]},
-                    {r: c.load_json(lay.gate_json(r)) for r in m["recipes"]}, lay.source,
-                    c.load_json(lay.toolchain)["versions"], len(read_tsv(lay.vocab)), Path(ns.config_file))
-    existing = ns_existing.read_text(encoding="utf-8") if ns_existing.is_file() else None
-    write_text_atomic(ns.out, c.merge(existing, c.render(ctx)))
-    log.info("card %s -> %s%s", ns.model, ns.out, f" (merged into {ns_existing})" if existing else "")
+    ns = _parser("card", "model", "source", "vocab", "toolchain", "out", lists=("exports", "gates"),
+                 optional_lists=("curated",)).parse_args(argv)
+    s, cfg = _setup("card", ns)
+    exports = model_card.by_recipe(ns.exports, "export.json")
+    gates = model_card.by_recipe(ns.gates)
+    ctx = model_card.context(ns.model, s, read_manifest(Path(ns.source)), exports, gates, Path(ns.source),
+                             model_card.load_json(Path(ns.toolchain))["versions"], len(read_tsv(Path(ns.vocab))),
+                             model_card.build_date(cfgmod.origin(cfg)))
+    existing = ns.curated[0].read_text(encoding="utf-8") if ns.curated else None
+    write_text_atomic(ns.out, model_card.merge(existing, model_card.render(ctx)))
+    log.info("card %s -> %s%s", ns.model, ns.out, f" (merged into {ns.curated[0]})" if existing else "")
 
 
 @main_guard
 def publish(argv=None) -> int:
-    from . import publish as p
-    from .source import read_manifest
-
     import os
 
+    from . import publish as hub_publish
+    from .card import load_json
+    from .source import read_manifest
+
     os.environ.setdefault("HF_HUB_DISABLE_XET", "1")  # read by huggingface_hub at import time
-    ns = _parser("publish", "model", "results", "out").parse_args(argv)
-    cfg = _setup(ns)
-    m, lay = cfgmod.model(cfg, ns.model), Layout(ns.results, ns.model)
-    manifest = read_manifest(lay.source)
-    versions = c_load(lay.toolchain)["versions"]
-    do_push, why = p.decide(m["publish"])
+    ns = _parser("publish", "model", "source", "card", "vocab", "toolchain", "out",
+                 lists=("exports", "gates", "aots")).parse_args(argv)
+    s, _ = _setup("stage_and_push", ns)
+    m = s["models"][ns.model]
+    manifest = read_manifest(Path(ns.source))
+    versions = load_json(Path(ns.toolchain))["versions"]
+    do_push, why = hub_publish.decide(m["publish"])
     message = (f"{m['dir']}: Core AI bundles ({', '.join(m['recipes'])}) from {manifest['source']['uri']}"
                f"@{manifest['source']['revision'] or 'local'}; coreai-core {versions['coreai-core']}, "
                f"coreai-torch {versions['coreai-torch']}, torch {versions['torch']}")
     meta = {"model": ns.model, "repo": m["publish"]["repo"], "source": manifest["source"],
-            "toolchain": versions, "commit_message": message,
-            "push": {"pushed": False, "reason": why}}
-    receipt = p.stage(Path(ns.out), lay.card, lay.vocab, {r: lay.export(r) for r in m["recipes"]},
-                      {(t, r): lay.aot(t, r) for t in m["targets"] for r in m["recipes"]},
-                      {r: lay.gate_json(r) for r in m["recipes"]}, meta)
+            "toolchain": versions, "commit_message": message, "push": {"pushed": False, "reason": why}}
+    receipt = hub_publish.stage(Path(ns.out), Path(ns.card), Path(ns.vocab), ns.exports, ns.aots, ns.gates, meta)
     if do_push:
-        receipt = p.push(Path(ns.out), receipt, m["publish"]["repo"], message, p.token_from_env())
+        receipt = hub_publish.push(Path(ns.out), receipt, m["publish"]["repo"], message, hub_publish.token_from_env())
         pushed = receipt["push"]
         log.info("published %s to %s: commit %s (%d files committed, %d already identical)", ns.model,
                  pushed["repo"], pushed["commit"], len(pushed["committed"]), len(pushed["skipped"]))
     else:
         log.info("%s: %s; staged %d files in %s", ns.model, why, len(receipt["files"]), ns.out)
-
-
-def c_load(path: Path) -> dict:
-    from .card import load_json
-
-    return load_json(path)
 
 
 @main_guard
@@ -203,9 +208,10 @@ def toolchain(argv=None) -> int:
     from .fsutil import write_json_atomic
 
     ns = _parser("toolchain", "out").parse_args(argv)
-    _setup(ns)
-    write_json_atomic(ns.out, tc.record())
-    log.info("toolchain: %s", json.dumps(tc.record(), sort_keys=True))
+    _setup("toolchain", ns)
+    record = tc.record()
+    write_json_atomic(ns.out, record)
+    log.info("toolchain: %s", json.dumps(record, sort_keys=True))
 
 
 if __name__ == "__main__":  # pragma: no cover

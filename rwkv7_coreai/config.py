@@ -20,6 +20,9 @@ DEVICE_ARCHITECTURES = {
     "macOS": ("h16c",),
 }
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
+DEFAULT_FILE = "config.yaml"
+ORIGIN_KEY = "_origin"
+NAMED_SECTIONS = ("models", "recipes", "targets")
 PLACEHOLDER_REVISION = "0" * 40
 
 
@@ -31,15 +34,54 @@ def _where(path) -> str:
     return str(path) if path else "config"
 
 
+def _branch_error(exc: jsonschema.ValidationError) -> jsonschema.ValidationError:
+    """For a ``oneOf`` over ``kind`` (the source kinds): the error of the branch the user meant."""
+    if exc.validator != "oneOf" or not isinstance(exc.instance, dict):
+        return exc
+    kinds = [b.get("properties", {}).get("kind", {}).get("const") for b in exc.validator_value]
+    kind = exc.instance.get("kind")
+    if kind not in kinds:
+        exc.message = f"kind {kind!r} is not one of {', '.join(k for k in kinds if k)}"
+        return exc
+    branch = [e for e in exc.context if e.schema_path and e.schema_path[0] == kinds.index(kind)]
+    return _branch_error(jsonschema.exceptions.best_match(branch)) if branch else exc
+
+
+def _schema_error(exc: jsonschema.ValidationError) -> tuple[str, str]:
+    """One line for a schema violation: where, what, and (from the schema's ``description``) the fix."""
+    exc = _branch_error(exc)
+    loc = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
+    what = exc.message if len(exc.message) <= 160 else exc.message[:157] + "..."
+    if exc.validator == "propertyNames":
+        return f"{loc}: {what}", "names that become paths use letters, digits, '-', '_' (and '.' in model names)"
+    hint = exc.schema.get("description") if isinstance(exc.schema, dict) else None
+    return f"invalid value at {loc}: {what}", hint or "correct it as rwkv7_coreai/schemas/config.schema.yaml describes"
+
+
 def validate(cfg: dict, path: str | Path | None = None) -> dict:
     """Schema plus the cross-references the schema cannot express. Returns ``cfg``."""
     where = _where(path)
-    try:
-        jsonschema.validate(cfg, schema())
-    except jsonschema.ValidationError as exc:
-        loc = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
-        raise PipelineError(where, f"invalid value at {loc}: {exc.message}",
-                            "correct it as rwkv7_coreai/schemas/config.schema.yaml describes") from None
+    if not isinstance(cfg, dict):
+        raise PipelineError(where, f"the top level is a {type(cfg).__name__}, not a mapping",
+                            "start from the shipped config.yaml")
+    errors = sorted(jsonschema.Draft202012Validator(schema()).iter_errors(cfg), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        # the deepest error of the first failing field says the most (oneOf branches nest theirs)
+        first = min(errors, key=lambda e: (list(map(str, e.absolute_path))[:1], -len(e.absolute_path)))
+        what, fix = _schema_error(jsonschema.exceptions.best_match([first]))
+        raise PipelineError(where, what, fix)
+    results = Path(cfg["results"])
+    if results.exists() and not results.is_dir():
+        raise PipelineError(where, f"results: {results} is a file, not a directory",
+                            "point results: at a directory (it is created if missing)")
+    for name, rec in cfg["recipes"].items():
+        for key in ("include", "exclude"):
+            for pattern in (rec.get("quantize") or {}).get(key, []):
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise PipelineError(where, f"recipes/{name}/quantize/{key}: {pattern!r} is not a valid "
+                                        f"regular expression ({exc})", "fix the pattern (Python re syntax, matched in full)")
     for name, model in cfg["models"].items():
         for recipe in model["recipes"]:
             if recipe not in cfg["recipes"]:
@@ -71,15 +113,74 @@ def validate(cfg: dict, path: str | Path | None = None) -> dict:
     return cfg
 
 
-def load(path: str | Path = "config.yaml") -> dict:
+def read_yaml(path: str | Path) -> object:
+    """A YAML file; a syntax error names the file and the line."""
     path = Path(path)
     try:
-        cfg = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise PipelineError(path, "config file not found", "run from the repository root or pass --config-file") from None
+        raise PipelineError(path, "config file not found", "run from the repository root or pass the right path") from None
+    except IsADirectoryError:
+        raise PipelineError(path, "is a directory, not a config file", "pass the path of a YAML file") from None
+    except UnicodeDecodeError:
+        raise PipelineError(path, "is not UTF-8 text", "save the config as UTF-8 YAML") from None
     except yaml.YAMLError as exc:
-        raise PipelineError(path, f"invalid YAML ({str(exc).splitlines()[0]})", "fix the YAML syntax") from None
-    return validate(cfg, path)
+        mark = getattr(exc, "problem_mark", None)
+        line = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise PipelineError(path, f"invalid YAML at {line}{problem}", "fix the YAML syntax there") from None
+
+
+def load(path: str | Path = DEFAULT_FILE) -> dict:
+    """Read and validate a config file. An effective config written by the Snakefile carries the
+    files it was merged from (``_origin``): errors name those, not the generated file."""
+    cfg = read_yaml(path)
+    origin = cfg.pop(ORIGIN_KEY, None) if isinstance(cfg, dict) else None
+    cfg = validate(cfg, origin or path)
+    cfg[ORIGIN_KEY] = origin or str(path)
+    return cfg
+
+
+def origin(cfg: dict) -> str:
+    """The file(s) the user gave for this config, for error messages."""
+    return cfg.get(ORIGIN_KEY, DEFAULT_FILE)
+
+
+def write_effective(cfg: dict, origins: list[str], state_dir: str | Path) -> str:
+    """The config Snakemake merged (``configfile:`` + ``--configfile`` + ``--config``), as the file
+    every stage reads. The same settings as config.yaml -> "config.yaml" itself (so the commands
+    equal dvc.yaml's and naming it reruns nothing); otherwise a content-addressed file, so
+    concurrent runs with different configs never share one."""
+    plain = {k: v for k, v in cfg.items() if k != ORIGIN_KEY}
+    if Path(DEFAULT_FILE).is_file() and read_yaml(DEFAULT_FILE) == plain:
+        return DEFAULT_FILE
+    text = yaml.safe_dump({ORIGIN_KEY: " + ".join(origins), **plain}, sort_keys=True, allow_unicode=True)
+    import hashlib
+
+    from .fsutil import write_text_atomic
+
+    path = Path(state_dir) / f"config-{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml"
+    if not path.is_file():
+        write_text_atomic(path, text)
+    return str(path)
+
+
+def differs_from_default(cfg: dict, default_file: str | Path = DEFAULT_FILE) -> list[str]:
+    """Top-level-and-below keys where ``cfg`` (minus ``build``, which only selects models)
+    differs from config.yaml: the settings dvc.lock would otherwise misdescribe."""
+    default = read_yaml(default_file) or {}
+    out: list[str] = []
+
+    def walk(a, b, path):
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b), key=str):
+                walk(a.get(k), b.get(k), path + [str(k)])
+        elif a != b:
+            out.append(".".join(path))
+
+    walk({k: v for k, v in cfg.items() if k not in ("build", ORIGIN_KEY)},
+         {k: v for k, v in default.items() if k != "build"}, [])
+    return out
 
 
 def models_to_build(cfg: dict) -> list[str]:
@@ -91,7 +192,7 @@ def _lookup(cfg: dict, section: str, kind: str, name: str) -> dict:
     try:
         return cfg[section][name]
     except KeyError:
-        raise PipelineError("config", f"unknown {kind} {name!r}", f"use one of {sorted(cfg[section])}") from None
+        raise PipelineError(origin(cfg), f"unknown {kind} {name!r}", f"use one of {sorted(cfg[section])}") from None
 
 
 def model(cfg: dict, name: str) -> dict:
@@ -106,31 +207,52 @@ def target(cfg: dict, name: str) -> dict:
     return _lookup(cfg, "targets", "target", name)
 
 
-def gate_settings(cfg: dict, recipe_name: str) -> dict:
-    g = copy.deepcopy(cfg["gate"])
+# Which config keys each stage reads: the ONE table behind the stages' reads (they get only
+# these, pruned from the config), Snakemake's `params` (a change reruns exactly these stages)
+# and DVC's `params` in the generated dvc.yaml. Paths are tuples ("models", "{model}", ...)
+# because model names may hold dots.
+STAGE_KEYS: dict[str, list[tuple[str, ...]]] = {
+    "toolchain": [],
+    "source": [("models", "{model}", "source"), ("models", "{model}", "license"), ("vocab",)],
+    "vocab": [("vocab",)],
+    "reference": [("gate", "prompts"), ("gate", "steps")],
+    "export": [("recipes", "{recipe}"), ("models", "{model}", "dir")],
+    "aot": [("targets", "{target}"), ("aot",), ("models", "{model}", "dir")],
+    "gate": [("gate", "prompts"), ("gate", "steps"), ("gate", "near_tie_epsilon"), ("gate", "thresholds", "{recipe}"),
+             ("models", "{model}", "dir")],
+    "card": [("models", "{model}"), ("recipes",), ("targets",)],
+    "stage_and_push": [("models", "{model}", k) for k in ("publish", "recipes", "targets", "dir")],
+}
+_KINDS = {"models": "model", "recipes": "recipe", "targets": "target"}
+
+
+def stage_keys(stage: str, **names: str | None) -> list[tuple[str, ...]]:
+    """The key paths of ``stage`` with its wildcards filled in."""
+    return [tuple(part.format(**names) for part in key) for key in STAGE_KEYS[stage]]
+
+
+def settings(cfg: dict, stage: str, **names: str | None) -> dict:
+    """The part of ``cfg`` that ``stage`` may read (same nesting, nothing else): what the stage
+    reads, and by value what Snakemake's ``params`` hold. Unknown names are one-line errors;
+    optional keys that are absent stay absent."""
+    out: dict = {}
+    for key in stage_keys(stage, **names):
+        src, dst = cfg, out
+        for depth, part in enumerate(key):
+            if not isinstance(src, dict) or part not in src:
+                if depth == 1 and key[0] in _KINDS:
+                    _lookup(cfg, key[0], _KINDS[key[0]], part)  # raises "unknown model/recipe/target"
+                break
+            if depth == len(key) - 1:
+                dst[part] = copy.deepcopy(src[part])
+            else:
+                dst = dst.setdefault(part, {})
+                src = src[part]
+    return out
+
+
+def gate_settings(stage_settings: dict, recipe_name: str) -> dict:
+    """The gate's settings with ``thresholds`` narrowed to the one recipe."""
+    g = copy.deepcopy(stage_settings["gate"])
     g["thresholds"] = g["thresholds"][recipe_name]
     return g
-
-
-def stage_params(cfg: dict, stage: str, model_name: str, recipe_name: str | None = None,
-                 target_name: str | None = None) -> dict[str, Any]:
-    """The config values one stage depends on (Snakemake ``params:`` so that a change reruns it)."""
-    m = model(cfg, model_name)
-    out: dict[str, Any] = {}
-    if stage == "source":
-        out = {"source": m["source"], "vocab": cfg["vocab"]}
-    elif stage == "vocab":
-        out = {"vocab": cfg["vocab"]}
-    elif stage == "reference":
-        out = {"prompts": cfg["gate"]["prompts"], "steps": cfg["gate"]["steps"]}
-    elif stage == "export":
-        out = {"recipe": recipe(cfg, recipe_name), "dir": m["dir"]}
-    elif stage == "aot":
-        out = {"target": target(cfg, target_name), "aot": cfg["aot"], "dir": m["dir"]}
-    elif stage == "gate":
-        out = gate_settings(cfg, recipe_name)
-    elif stage == "card":
-        out = {k: m.get(k) for k in ("description", "license", "recipes", "targets", "dir", "device_numbers")}
-    elif stage == "publish":
-        out = {"publish": m["publish"], "recipes": m["recipes"], "targets": m["targets"], "dir": m["dir"]}
-    return copy.deepcopy(out)

@@ -25,7 +25,10 @@ def lower_universal(aimodel: Path, out_dir: Path) -> None:
 
     if not AIModelAsset.is_valid(aimodel):
         raise PipelineError(aimodel, "is not a valid .aimodel asset", "re-run the export stage")
-    AIModelAsset.load(aimodel)._write_odix(out_dir)  # noqa: SLF001 - see module docstring
+    from . import reproducible
+
+    with reproducible.lowering_scope():  # canonical register order: byte-identical .odix
+        AIModelAsset.load(aimodel)._write_odix(out_dir)  # noqa: SLF001 - see module docstring
 
 
 class DecodeSession:

@@ -17,21 +17,11 @@ from pathlib import Path
 
 import yaml
 
+from .config import DEFAULT_FILE, stage_keys
+
 # Code the toolchain stage depends on in DVC (Snakemake sees the same through the stage's
 # params, which hold a content fingerprint of the package: rwkv7_coreai.toolchain.record).
 CODE_DEPS = ["rwkv7_coreai"]
-# config.yaml keys each stage reads (DVC `params`).
-STAGE_PARAMS = {
-    "toolchain": [],
-    "source": ["models.{model}.source", "vocab"],
-    "vocab": ["vocab"],
-    "reference": ["gate.prompts", "gate.steps"],
-    "export": ["recipes.{recipe}", "models.{model}.dir"],
-    "aot": ["targets.{target}", "aot", "models.{model}.dir"],
-    "gate": ["gate"],
-    "card": ["models.{model}"],
-    "stage_and_push": ["models.{model}.publish", "models.{model}.recipes", "models.{model}.targets"],
-}
 
 
 def snakemake_jobs(workdir: str | Path = ".", target: str = "publish") -> list[dict]:
@@ -68,12 +58,14 @@ def stage_name(job: dict) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", "-".join(parts))
 
 
-def _param_key(pattern: str, wildcards: dict) -> str:
-    """A config.yaml key path for DVC; DVC splits keys on '.', so a model name with a dot
-    (rwkv7-goose-1.5b) falls back to the whole ``models`` section."""
-    if "{model}" in pattern and "." in wildcards.get("model", ""):
-        return "models"
-    return pattern.format(**wildcards)
+def param_keys(rule: str, wildcards: dict) -> list[str]:
+    """config.yaml keys of a stage for DVC (from config.STAGE_KEYS, the stages' own table).
+    DVC splits keys on '.', so a key through a name with a dot (rwkv7-goose-1.5b) stops there."""
+    keys = set()
+    for key in stage_keys(rule, **wildcards):
+        cut = next((i for i, part in enumerate(key) if "." in part), len(key))
+        keys.add(".".join(key[:cut]))
+    return sorted(keys)
 
 
 def dvc_stages(jobs: list[dict]) -> dict:
@@ -85,9 +77,9 @@ def dvc_stages(jobs: list[dict]) -> dict:
         stage = {"cmd": " ".join(job["cmd"].split()), "deps": list(job["deps"])}
         if job["rule"] == "toolchain":
             stage["deps"] += CODE_DEPS
-        params = [_param_key(p, w) for p in STAGE_PARAMS[job["rule"]]]
+        params = param_keys(job["rule"], w)
         if params:
-            stage["params"] = [{"config.yaml": sorted(set(params))}]
+            stage["params"] = [{DEFAULT_FILE: params}]
         outs = list(job["outs"])
         if job["rule"] == "gate":
             stage["metrics"] = [{o: {"cache": True}} for o in outs if o.endswith(".json")]

@@ -18,6 +18,7 @@ from .errors import PipelineError
 from .export_graph import INPUT_NAMES, OUTPUT_NAMES, STATE_NAMES, build_decode
 from .fsutil import atomic_path, dumps_json, tree_manifest
 
+RECORD = "export.json"
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 # fixed creation date in metadata.json: a rebuild with identical inputs should not differ by "now"
 REPRODUCIBLE_EPOCH = 0.0
@@ -56,13 +57,16 @@ def convert(module: torch.nn.Module, out: Path) -> dict[str, int]:
     import coreai_torch
     from coreai.authoring.asset import AIModelAsset
 
+    from . import reproducible
+
     ep = torch.export.export(module, example_inputs())
     writes = state_writes(ep)
     ep = ep.run_decompositions(coreai_torch.get_decomp_table())
-    converter = coreai_torch.TorchConverter(mode=coreai_torch.TorchConverter.Mode.RELEASE)
-    converter.add_exported_program(ep, input_names=list(INPUT_NAMES), output_names=list(OUTPUT_NAMES),
-                                   state_names=list(STATE_NAMES), entrypoint_name="main")
-    converter.to_coreai().save_asset(out)
+    with reproducible.export_scope(seed=out.name):  # byte-identical bundles for identical inputs
+        converter = coreai_torch.TorchConverter(mode=coreai_torch.TorchConverter.Mode.RELEASE)
+        converter.add_exported_program(ep, input_names=list(INPUT_NAMES), output_names=list(OUTPUT_NAMES),
+                                       state_names=list(STATE_NAMES), entrypoint_name="main")
+        converter.to_coreai().save_asset(out)
     AIModelAsset.load(out).update_metadata(lambda m: setattr(m, "creation_date", REPRODUCIBLE_EPOCH))
     return writes
 
@@ -105,6 +109,19 @@ def export_recipe(source_dir: Path, recipe_name: str, recipe: dict, bundle_dir: 
             "size_bytes": sum(f["size"] for f in files.values()), "files": files,
             "toolchain": toolchain.versions(),
         }
-        (tmp / "export.json").write_text(dumps_json(record))
+        (tmp / RECORD).write_text(dumps_json(record))
     record["export_seconds"] = round(time.perf_counter() - t0, 2)
     return record
+
+
+def read_record(export_dir: Path) -> dict:
+    """``export.json`` of an export stage output."""
+    import json
+
+    path = Path(export_dir) / RECORD
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PipelineError(path, "export record missing", "rerun the export stage (snakemake --forcerun export)") from None
+    except json.JSONDecodeError as exc:
+        raise PipelineError(path, f"invalid JSON ({exc.msg} at line {exc.lineno})", "rerun the export stage") from None

@@ -7,11 +7,17 @@ and ``shiftState`` [L,1,2,C] (slot 0 time-mix, slot 1 channel-mix).
 Rules that the device delegates taught the shipped port, kept here:
 * every layer returns its new state slices; each state gets ONE write per step, at the end;
 * the L2 norm is written out with an explicit eps (no ``F.normalize``);
-* the decay, its exp and the kk normalisation are computed in fp32, whatever the recipe dtype.
+* the decay, its exp and the kk normalisation are computed in fp32 (at least), whatever the recipe dtype.
 
-The per-layer math lives in :class:`Block` with a step function over explicit state slices,
-so a chunked ``prefill`` entry point can reuse the same parameters (same module names, so the
-same quantisation) beside ``main`` in one bundle.
+Prefill (``prefill``, :class:`RWKV7Prefill`): ``input_ids`` [1,T] int32 (T static,
+``PREFILL_CHUNK`` by default), ``position_ids`` [1,T] (unused), returns the logits of the LAST
+position [1,1,V]; reads and writes the same two states, once each. It is built over the decode
+module's own submodules (same parameter names, so weights are stored once in a bundle holding both
+functions, and a quantised decode module gives a quantised prefill).
+
+The per-layer math lives in ONE function, :meth:`Block.step`, over explicit state slices and T
+tokens: token shift, projections, LoRAs, norms and FFN are shared; only the WKV differs — the
+recurrence for T = 1 (``main``), the exact chunked form of :mod:`.chunked` for T > 1.
 """
 
 from __future__ import annotations
@@ -23,12 +29,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import chunked
 from .geometry import Geometry
 
 STATE_NAMES = ("recState", "shiftState")
 INPUT_NAMES = ("input_ids", "position_ids")
 OUTPUT_NAMES = ("logits",)
 NEG_EXP_HALF = -math.exp(-0.5)
+PREFILL_CHUNK = 64  # tokens per ``prefill`` call (static); a prompt's tail shorter than it goes through ``main``
 
 
 class LoRA(nn.Module):
@@ -80,41 +88,68 @@ class Block(nn.Module):
         self.ffn = FFN(g)
 
     def step(self, x, att_prev, ffn_prev, S, v_first):
-        """One token. x, att_prev, ffn_prev: [1,C]; S: [1,H,K,V]. Returns the new slices."""
+        """T tokens through the layer (T = x.shape[0], static; ``main`` runs T = 1).
+
+        x, v_first: [T,C]; att_prev, ffn_prev: [1,C] (the shift rows before the first token);
+        S: [1,H,K,V]. Returns x, the last token's new att/ffn shift rows [1,C], the new S, v_first.
+        T = 1 runs the recurrence itself; T > 1 the exact chunked form (:mod:`.chunked`). Everything
+        else (token shift, projections, LoRAs, norms, FFN) is this one code path for both.
+        """
+        T = x.shape[0]
         H, N = self.g.heads, self.g.head_dim
         at = self.attn
         if self.layer == 0:
             x = self.pre_norm(x)
         h = self.attn_norm(x)
-        d = att_prev - h
+        d = token_shift(att_prev, h) - h
         xr, xw, xk, xv, xa, xg = (h + d * getattr(at, f"x_{m}").reshape(1, -1) for m in "rwkvag")
         r, k, v = at.r_proj(xr), at.k_proj(xk), at.v_proj(xv)
-        logw = NEG_EXP_HALF * torch.sigmoid(at.w_lora(xw).float())
+        logw = NEG_EXP_HALF * torch.sigmoid(wide(at.w_lora(xw)))
         if self.layer == 0:
             v_first = v
         else:
             v = v + (v_first - v) * torch.sigmoid(at.v_lora(xv))
         a = torch.sigmoid(at.a_lora(xa))
         gate = at.g_lora(xg)
-        kk = (k * at.k_k).float().reshape(1, H, N)
+        kk = wide(k * at.k_k).reshape(T, H, N)
         kk = kk * torch.rsqrt((kk * kk).sum(-1, keepdim=True) + 1e-12)  # explicit L2 norm with eps
         k = k * (1 + (a - 1) * at.k_a)
-        dt = S.dtype
-        decay = torch.exp(logw).reshape(1, H, N, 1).to(dt)
-        kk = kk.to(dt)
-        kka = (kk * a.reshape(1, H, N).to(dt)).reshape(1, H, N, 1)
-        kh, vh, rh = k.reshape(1, H, N, 1).to(dt), v.reshape(1, H, 1, N).to(dt), r.reshape(1, H, N, 1).to(dt)
-        kkS = torch.matmul(kk.reshape(1, H, 1, N), S)                 # [1,H,1,V]
-        S_new = decay * S - torch.matmul(kka, kkS) + torch.matmul(kh, vh)
-        o = torch.matmul(S_new.transpose(-1, -2), rh).reshape(1, H * N).to(x.dtype)
+        if T == 1:
+            dt = S.dtype
+            decay = torch.exp(logw).reshape(1, H, N, 1).to(dt)
+            kk = kk.to(dt)
+            kka = (kk * a.reshape(1, H, N).to(dt)).reshape(1, H, N, 1)
+            kh, vh, rh = k.reshape(1, H, N, 1).to(dt), v.reshape(1, H, 1, N).to(dt), r.reshape(1, H, N, 1).to(dt)
+            kkS = torch.matmul(kk.reshape(1, H, 1, N), S)                 # [1,H,1,V]
+            S_new = decay * S - torch.matmul(kka, kkS) + torch.matmul(kh, vh)
+            o = torch.matmul(S_new.transpose(-1, -2), rh).reshape(1, H * N).to(x.dtype)
+        else:
+            heads = (t.reshape(T, H, N).transpose(0, 1) for t in (r, k, v, kk, a, logw))   # [H,T,N]
+            o, S_new = chunked.wkv_chunk(*heads, S.reshape(H, N, N))
+            o, S_new = o.transpose(0, 1).reshape(T, H * N).to(x.dtype), S_new.reshape(1, H, N, N)
         o = at.g_norm(o)
-        bonus = (r.reshape(1, H, N) * k.reshape(1, H, N) * at.r_k).sum(-1, keepdim=True) * v.reshape(1, H, N)
-        o = o + bonus.reshape(1, H * N)
+        bonus = (r.reshape(T, H, N) * k.reshape(T, H, N) * at.r_k).sum(-1, keepdim=True) * v.reshape(T, H, N)
+        o = o + bonus.reshape(T, H * N)
         x = x + at.o_proj(o * gate)
         h2 = self.ffn_norm(x)
+        ffn_prev = token_shift(ffn_prev, h2)
         kx = h2 + (ffn_prev - h2) * self.ffn.x_k
         x = x + self.ffn.value(torch.relu(self.ffn.key(kx)) ** 2)
-        return x, h, h2, S_new, v_first
+        return x, last_row(h), last_row(h2), S_new, v_first
+
+
+def wide(t: torch.Tensor) -> torch.Tensor:
+    """At least fp32 (fp16 -> fp32; an fp64 graph stays fp64): for the decay and the kk norm."""
+    return t.to(torch.float64 if t.dtype == torch.float64 else torch.float32)
+
+
+def token_shift(prev: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """Each token's previous row: ``prev`` [1,C] for the first token, then h[:-1] ([T,C] in all)."""
+    return prev if h.shape[0] == 1 else torch.cat([prev, h[:-1]], dim=0)
+
+
+def last_row(t: torch.Tensor) -> torch.Tensor:
+    return t if t.shape[0] == 1 else t[-1:]
 
 
 class Backbone(nn.Module):
@@ -123,6 +158,20 @@ class Backbone(nn.Module):
         self.embeddings = nn.Embedding(g.vocab, g.hidden)
         self.layers = nn.ModuleList(Block(g, i) for i in range(g.layers))
         self.norm = nn.LayerNorm(g.hidden, eps=g.norm_eps)
+
+
+def run_layers(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """x [T,C] through every layer of ``m.model`` from ``m``'s states; each layer returns its new
+    slices and each state gets exactly ONE write, at the end. Returns x [T,C]."""
+    v_first = x  # replaced by layer 0
+    recs, shifts = [], []
+    for i, block in enumerate(m.model.layers):
+        x, att, ffn, S, v_first = block.step(x, m.shiftState[i, :, 0], m.shiftState[i, :, 1], m.recState[i], v_first)
+        recs.append(S)
+        shifts.append(torch.stack([att, ffn], dim=1))                  # [1,2,C]
+    m.recState.copy_(torch.stack(recs))
+    m.shiftState.copy_(torch.stack(shifts))
+    return x
 
 
 class RWKV7Decode(nn.Module):
@@ -139,23 +188,49 @@ class RWKV7Decode(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         del position_ids  # RWKV has no positions; kept as an input for engine parity
-        x = self.model.embeddings(input_ids.reshape(1).to(torch.int64))   # [1,C]
-        v_first = x  # replaced by layer 0
-        recs, shifts = [], []
-        for i, block in enumerate(self.model.layers):
-            x, att, ffn, S, v_first = block.step(x, self.shiftState[i, :, 0], self.shiftState[i, :, 1],
-                                                 self.recState[i], v_first)
-            recs.append(S)
-            shifts.append(torch.stack([att, ffn], dim=1))                  # [1,2,C]
-        # exactly one write per state per step
-        self.recState.copy_(torch.stack(recs))
-        self.shiftState.copy_(torch.stack(shifts))
+        x = run_layers(self, self.model.embeddings(input_ids.reshape(1).to(torch.int64)))   # [1,C]
         logits = self.lm_head(self.model.norm(x))
         return logits.reshape(1, 1, self.g.vocab)
 
     def reset(self) -> None:
         self.recState.zero_()
         self.shiftState.zero_()
+
+
+class RWKV7Prefill(nn.Module):
+    """Entry point ``prefill``: ``input_ids`` [1,T] (T static) in, logits of the LAST position
+    [1,1,V] out, both states read and written once — the same states as ``main``.
+
+    It holds the decode module's own submodules and state buffers (not copies), so the parameter
+    names are identical (``model.layers.0.attn.r_proj.weight`` …, ``lm_head.weight``): the
+    converter stores each weight once for both functions, a quantised decode module gives a
+    quantised prefill, and in eager torch prefill and decode share the states in place.
+    """
+
+    def __init__(self, decode: RWKV7Decode, chunk: int = PREFILL_CHUNK):
+        super().__init__()
+        if not 1 <= chunk <= chunked.MAX_CHUNK:
+            raise ValueError(f"prefill chunk must be in 1..{chunked.MAX_CHUNK}, got {chunk}")
+        self.g, self.chunk = decode.g, chunk
+        self.model = decode.model
+        self.lm_head = decode.lm_head
+        self.register_buffer("recState", decode.recState)
+        self.register_buffer("shiftState", decode.shiftState)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        del position_ids  # RWKV has no positions; kept as an input for engine parity
+        x = run_layers(self, self.model.embeddings(input_ids.reshape(self.chunk).to(torch.int64)))   # [T,C]
+        logits = self.lm_head(self.model.norm(x[-1:]))
+        return logits.reshape(1, 1, self.g.vocab)
+
+
+def build_prefill(decode: RWKV7Decode, chunk: int = PREFILL_CHUNK) -> RWKV7Prefill:
+    """The prefill module over ``decode``'s parameters and states (build or quantise decode first)."""
+    return RWKV7Prefill(decode, chunk).eval()
+
+
+def prefill_example_inputs(chunk: int = PREFILL_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.zeros(1, chunk, dtype=torch.int32), torch.arange(chunk, dtype=torch.int32).reshape(1, chunk)
 
 
 def build_decode(weights: Mapping[str, torch.Tensor], g: Geometry, dtype: torch.dtype) -> RWKV7Decode:

@@ -7,6 +7,7 @@ end, so an interrupted or failing stage never leaves output that looks complete.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -14,6 +15,8 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterator
+
+from .errors import PipelineError
 
 CHUNK = 1 << 20
 # bookkeeping files that tools drop into directory outputs; never part of an artifact
@@ -53,6 +56,12 @@ def tree_manifest(root: str | Path) -> dict[str, dict]:
     }
 
 
+def first_difference(got: dict[str, dict], expected: dict[str, dict]) -> str | None:
+    """The first relative path (sorted) whose entry differs between two manifests, or None."""
+    bad = sorted(rel for rel in set(got) | set(expected) if got.get(rel) != expected.get(rel))
+    return bad[0] if bad else None
+
+
 def dumps_json(value: object) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
@@ -64,14 +73,29 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+def remove_stale_temps(final: Path) -> list[Path]:
+    """Temporaries of ``final`` left by a killed run (SIGKILL skips every cleanup)."""
+    stale = sorted(final.parent.glob(f".{glob.escape(final.name)}.*.tmp"))
+    for path in stale:
+        _remove(path)
+    return stale
+
+
 @contextlib.contextmanager
 def atomic_path(final: str | Path, *, directory: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``final``; rename it onto ``final`` on success.
 
-    On an exception the temporary is removed and ``final`` is left untouched.
+    On an exception the temporary is removed and ``final`` is left untouched. Temporaries of
+    the same output left by a killed run are removed first. ``final`` is replaced only by the
+    same kind of thing (a directory by a directory, a file by a file), never through a link.
     """
     final = Path(final)
+    if final.is_symlink() or (final.exists() and final.is_dir() != directory):
+        kind = "a link" if final.is_symlink() else ("a directory" if final.is_dir() else "a file")
+        raise PipelineError(final, f"is {kind} where this stage writes {'a directory' if directory else 'a file'}",
+                            "move it away (nothing here replaces it) and run again")
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(final)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     target = tmp / final.name
     if directory:

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +34,8 @@ def budgets(n_prompts: int, steps: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(n_prompts)]
 
 
-def reference_stream(source_dir: Path, vocab: dict[int, bytes], prompts: list[str], steps: int) -> dict:
+def reference_stream(source_dir: Path, vocab: dict[int, bytes], prompts: list[str], steps: int,
+                     config_file: str = "config.yaml") -> dict:
     """Token stream and fp32 reference logits; arrays for ``np.savez``."""
     geom, weights = load_checkpoint(source_dir)
     ref = Reference(weights, geom, torch.float32)
@@ -44,7 +44,7 @@ def reference_stream(source_dir: Path, vocab: dict[int, bytes], prompts: list[st
     for i, (prompt, budget) in enumerate(zip(prompts, budgets(len(prompts), steps))):
         stream = [EOS] + tok.encode(CHAT.format(prompt=prompt))
         if len(stream) > budget:
-            raise PipelineError("config.yaml", f"prompt {i} is {len(stream)} tokens, more than its share "
+            raise PipelineError(config_file, f"prompt {i} is {len(stream)} tokens, more than its share "
                                 f"({budget}) of gate.steps={steps}", "raise gate.steps or shorten the prompt")
         state = ref.zero_state()
         for pos in range(budget):
@@ -116,9 +116,8 @@ def run_gate(aimodelx: Path, export_record: dict, stream: dict, settings: dict,
              session_factory=DecodeSession) -> tuple[dict, list[dict]]:
     states = {k: tuple(v) for k, v in export_record["states"].items()}
     state_dtype = np.float16 if export_record["state_dtype"] == "float16" else np.float32
-    eps = settings["thresholds"].get("near_tie_epsilon", settings["near_tie_epsilon"])
+    eps = settings["near_tie_epsilon"]
     rows: list[dict] = []
-    t0 = time.perf_counter()
     with session_factory(aimodelx, states, state_dtype) as sess:
         prev_prompt = None
         for step, (tok, prompt, pos) in enumerate(zip(stream["tokens"], stream["prompt"], stream["pos"])):
@@ -129,23 +128,21 @@ def run_gate(aimodelx: Path, export_record: dict, stream: dict, settings: dict,
             row = {"step": step, "prompt": int(prompt), "pos": int(pos), "token": int(tok)}
             row.update(compare(stream["logits"][step].astype(np.float64), eng, eps))
             rows.append(row)
-    seconds = time.perf_counter() - t0
     result = verdict(rows, settings["thresholds"])
     contract = contract_problems(export_record)
     if contract:
         result["pass"] = False
         result["reasons"] = contract + result["reasons"]
-    result.update({"state_writes_per_step": export_record.get("state_writes_per_step"), "near_tie_epsilon": eps, "thresholds": settings["thresholds"],
-                   "prompts": settings["prompts"], "runtime_seconds": round(seconds, 2),
-                   "seconds_per_step": round(seconds / len(rows), 4)})
+    result.update({"state_writes_per_step": export_record.get("state_writes_per_step"), "near_tie_epsilon": eps,
+                   "thresholds": settings["thresholds"], "prompts": settings["prompts"]})
     return result, rows
 
 
-def bundle_digest(aimodel: Path) -> str:
-    """sha256 over the bundle's file manifest (a directory has no single file hash)."""
+def bundle_digest(manifest: dict[str, dict]) -> str:
+    """sha256 over a bundle's file manifest (a directory has no single file hash)."""
     import hashlib
 
-    return hashlib.sha256(dumps_json(tree_manifest(aimodel)).encode()).hexdigest()
+    return hashlib.sha256(dumps_json(manifest).encode()).hexdigest()
 
 
 def tsv_text(rows: list[dict]) -> str:
@@ -163,19 +160,26 @@ def write_report(result: dict, rows: list[dict], json_path: Path, tsv_path: Path
 
 
 def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream_path: Path, settings: dict,
-                bundle_dir: str, json_path: Path, tsv_path: Path) -> dict:
-    import json
+                json_path: Path, tsv_path: Path) -> dict:
+    """Gate one recipe's bundle. The result records the sha256 of every file it tested (the
+    ``.aimodel`` and the lowering it ran): publish ships those bytes and no others."""
+    from .aot import read_record
+    from .export import read_record as read_export
 
-    record = json.loads((export_dir / "export.json").read_text())
-    aimodelx = aot_dir / f"{bundle_dir}.aimodelx"
-    if not aimodelx.is_dir():
-        raise PipelineError(aimodelx, "lowered bundle is missing", "run the aot stage for the universal target")
+    record = read_export(export_dir)
+    lowering = read_record(aot_dir)  # checks the lowered files against aot.json
+    aimodel = export_dir / record["bundle"]
+    tested = tree_manifest(aimodel)
+    if lowering["from"] != tested:
+        raise PipelineError(aot_dir, f"was lowered from other bytes than {aimodel}",
+                            "rerun the aot stage for the universal target (snakemake --forcerun aot)")
+    aimodelx = aot_dir / lowering["product"]
     with np.load(stream_path) as npz:
         stream = {k: npz[k] for k in npz.files}
     result, rows = run_gate(aimodelx, record, stream, settings)
-    aimodel = export_dir / record["bundle"]
-    result.update({"model": model, "recipe": recipe, "bundle": str(aimodel), "bundle_sha256": bundle_digest(aimodel),
-                   "lowered": str(aimodelx), "reference_sha256": sha256_file(stream_path),
+    result.update({"model": model, "recipe": recipe, "bundle": record["bundle"], "bundle_sha256": bundle_digest(tested),
+                   "lowered": aimodelx.name, "tested_files": {"aimodel": tested, "lowered": lowering["files"]},
+                   "reference_sha256": sha256_file(stream_path),
                    "toolchain": toolchain.versions(), "size_bytes": record["size_bytes"]})
     if not result["pass"]:
         failed = json_path.with_suffix(".failed.json")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Mapping
@@ -10,6 +11,11 @@ from .errors import PipelineError
 
 MIXERS = ("r", "w", "k", "v", "a", "g")  # order of the packed attn.x_x rows
 LORAS = {"w": "decay", "a": "a", "v": "v", "g": "gate"}
+_REQUIRED = object()
+
+
+def _json_type(value: object) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), type(value).__name__)
 
 
 @dataclass(frozen=True)
@@ -33,39 +39,63 @@ class Geometry:
         return getattr(self, f"{LORAS[which]}_lora")
 
     def check(self, where: str | Path = "config") -> "Geometry":
-        if self.hidden % self.head_dim:
-            raise PipelineError(where, f"hidden_size {self.hidden} is not a multiple of head_dim {self.head_dim}",
-                                "choose a hidden size divisible by the head size (64 for RWKV-7)")
-        for f in fields(self):
+        for f in fields(self):  # positivity first: head_dim 0 must not reach the modulo below
             value = getattr(self, f.name)
             if value <= 0:
                 raise PipelineError(where, f"{f.name} must be positive, got {value}", "fix the model shape")
+        if self.hidden % self.head_dim:
+            raise PipelineError(where, f"hidden_size {self.hidden} is not a multiple of head_dim {self.head_dim}",
+                                "choose a hidden size divisible by the head size (64 for RWKV-7)")
         return self
 
     # --- Hugging Face config.json -------------------------------------------------
     @classmethod
     def from_hf_config(cls, cfg: Mapping, where: str | Path = "config.json") -> "Geometry":
+        if not isinstance(cfg, Mapping):
+            raise PipelineError(where, f"is a JSON {_json_type(cfg)}, not an object",
+                                "use the config.json of an fla/HF RWKV-7 checkpoint")
         if cfg.get("model_type") != "rwkv7":
             raise PipelineError(where, f"model_type is {cfg.get('model_type')!r}, not 'rwkv7'",
                                 "point the source at an RWKV-7 (x070) checkpoint")
-        try:
-            hidden = int(cfg["hidden_size"])
-            head_dim = int(cfg.get("head_dim", 64))
-            return cls(
-                layers=int(cfg["num_hidden_layers"]),
-                hidden=hidden,
-                head_dim=head_dim,
-                ffn=int(cfg.get("intermediate_size") or int(hidden * float(cfg.get("hidden_ratio", 4.0)))),
-                vocab=int(cfg["vocab_size"]),
-                decay_lora=int(cfg["decay_low_rank_dim"]),
-                a_lora=int(cfg["a_low_rank_dim"]),
-                v_lora=int(cfg["v_low_rank_dim"]),
-                gate_lora=int(cfg["gate_low_rank_dim"]),
-                norm_eps=float(cfg.get("norm_eps", 1e-5)),
-            ).check(where)
-        except KeyError as exc:
-            raise PipelineError(where, f"missing key {exc.args[0]!r}",
-                                "use the config.json of an fla/HF RWKV-7 checkpoint") from None
+
+        def value_of(key: str, default: object) -> object:
+            if key not in cfg and default is _REQUIRED:
+                raise PipelineError(where, f"missing key {key!r}", "use the config.json of an fla/HF RWKV-7 checkpoint")
+            value = cfg.get(key)
+            return default if value is None and default is not _REQUIRED else value
+
+        def whole(key: str, default: object = _REQUIRED) -> int:
+            value = value_of(key, default)
+            integral = type(value) is int or (type(value) is float and value.is_integer())
+            if not integral or value <= 0:
+                raise PipelineError(where, f"{key} must be a positive integer, got {json.dumps(value)}",
+                                    f"fix {key} in config.json")
+            return int(value)
+
+        def positive(key: str, default: float) -> float:
+            value = value_of(key, default)
+            if type(value) not in (int, float) or not 0 < value < float("inf"):
+                raise PipelineError(where, f"{key} must be a positive number, got {json.dumps(value)}",
+                                    f"fix {key} in config.json")
+            return float(value)
+
+        hidden = whole("hidden_size")
+        if cfg.get("intermediate_size") is None:  # fla derives it from hidden_ratio
+            ffn = int(hidden * positive("hidden_ratio", 4.0))
+        else:
+            ffn = whole("intermediate_size")
+        return cls(
+            layers=whole("num_hidden_layers"),
+            hidden=hidden,
+            head_dim=whole("head_dim", 64),
+            ffn=ffn,
+            vocab=whole("vocab_size"),
+            decay_lora=whole("decay_low_rank_dim"),
+            a_lora=whole("a_low_rank_dim"),
+            v_lora=whole("v_low_rank_dim"),
+            gate_lora=whole("gate_low_rank_dim"),
+            norm_eps=positive("norm_eps", 1e-5),
+        ).check(where)
 
     def to_hf_config(self) -> dict:
         """config.json as the fla/HF RWKV-7 checkpoints write it (1.5B: RWKV/RWKV7-Goose-World3-1.5B-HF)."""

@@ -7,14 +7,14 @@ module sets nothing global. ``HF_ENDPOINT`` selects the Hub as usual.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from .errors import PipelineError
 from .fsutil import git_blob_sha1, sha256_file, tree_files
+from .hub_errors import common_failure, first_line, http_detail, http_status, hub_error, scrub
 
 PATHS_INFO_BATCH = 100  # paths per get_paths_info request
-_BEARER = re.compile(r"(?i)(bearer\s+)\S+")
+_error = hub_error  # publish.py reports its Hub reads with hub_upload._error / _describe
 
 
 def upload_tree(repo_id: str, staging: Path, *, message: str, token: str, revision: str = "main",
@@ -61,7 +61,7 @@ def upload_tree(repo_id: str, staging: Path, *, message: str, token: str, revisi
     # raised outside the except block: no chained exception (whose text could carry anything) survives
     if failure is not None:
         raise _error(where, failure[0], failure[1], token)
-    return {key: _scrub(value, token) for key, value in result.items()}
+    return {key: scrub(value, token) for key, value in result.items()}
 
 
 def _publish(repo_id: str, local: dict[str, Path], *, message: str, token: str, revision: str,
@@ -114,24 +114,22 @@ def _describe(exc: BaseException, revision: str) -> tuple[str, str]:
     from huggingface_hub import errors as hf_errors
 
     retry = "run the upload again (files already on the Hub are skipped, so a retry is safe)"
-    detail = f"{type(exc).__name__}: {_first_line(exc)}"
+    detail = f"{type(exc).__name__}: {first_line(exc)}"
     cause = exc.__cause__ or exc.__context__
     if cause is not None and not isinstance(exc, hf_errors.HfHubHTTPError):
-        detail += f" <- {type(cause).__name__}: {_first_line(cause)}"
+        detail += f" <- {type(cause).__name__}: {first_line(cause)}"
     if isinstance(exc, hf_errors.RevisionNotFoundError):
         return f"branch {revision!r} not found", "create the branch on the Hub first, or publish to main"
     if isinstance(exc, hf_errors.RepositoryNotFoundError):  # includes GatedRepoError
         return ("repository not found, or the token cannot see it",
                 "check the repo id and the token's permissions (create=True creates a missing repo)")
+    common = common_failure(exc, "write")  # the token refused; HF_HUB_OFFLINE (a retry would fail the same way)
+    if common is not None:
+        return common
     if isinstance(exc, hf_errors.HfHubHTTPError):
-        status = getattr(getattr(exc, "response", None), "status_code", None)
-        said = " ".join(str(exc.server_message or "").split())[:300]
-        http = f"HTTP {status}" + (f": {said}" if said else "")
-        if status in (401, 403):
-            return f"not authorised ({http})", "use a token with write access to the repo's namespace"
-        if status == 412:
-            return f"the branch moved while uploading ({http}); nothing was committed", retry
-        return f"Hub request failed ({http}); nothing was committed", retry
+        if http_status(exc) == 412:
+            return f"the branch moved while uploading ({http_detail(exc)}); nothing was committed", retry
+        return f"Hub request failed ({http_detail(exc)}); nothing was committed", retry
     try:
         import httpx2
 
@@ -142,23 +140,3 @@ def _describe(exc: BaseException, revision: str) -> tuple[str, str]:
         return f"cannot reach the Hub ({detail})", "check the network and HF_ENDPOINT, then " + retry
     return f"upload failed ({detail})", retry
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0].strip()[:300] if text else type(exc).__name__
-
-
-def _scrub(value, token: str | None):
-    """``value`` with the token (and any ``Bearer <credential>``) masked."""
-    if not isinstance(value, str):
-        if isinstance(value, list):
-            return [_scrub(v, token) for v in value]
-        return value
-    if token and isinstance(token, str) and len(token) >= 4:
-        value = value.replace(token, "<token>")
-    return _BEARER.sub(r"\1<token>", value)
-
-
-def _error(where, what: str, fix: str, token: str | None) -> PipelineError:
-    one_line = lambda s: " ".join(str(s).split())  # noqa: E731
-    return PipelineError(_scrub(one_line(where), token), _scrub(one_line(what), token), _scrub(one_line(fix), token))

@@ -1,18 +1,21 @@
-"""Where every stage's output lives (used by the rules, the CLI and the tests alike)."""
+"""Where every stage's output lives: the one results layout that the rules (as patterns, with
+``{model}``/``{recipe}``/``{target}`` left in), the CLI and the tests share."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+STATE_DIR = ".snakemake/rwkv7"  # effective configs written by the Snakefile
+VOCAB_TSV = "rwkv_vocab.tsv"  # the device vocab, published beside every compiled bundle
+
 
 class Layout:
     def __init__(self, results: str | Path, model: str):
         self.root = Path(results)
-        self.model = model
         self.base = self.root / model
 
     source = property(lambda s: s.base / "source")
-    vocab = property(lambda s: s.base / "vocab" / "rwkv_vocab.tsv")
+    vocab = property(lambda s: s.base / "vocab" / VOCAB_TSV)
     reference = property(lambda s: s.base / "reference" / "stream.npz")
     card = property(lambda s: s.base / "card" / "README.md")
     publish = property(lambda s: s.base / "publish")
@@ -30,7 +33,38 @@ class Layout:
     def gate_tsv(self, recipe: str) -> Path:
         return self.base / "gate" / f"{recipe}.tsv"
 
+    def log(self, name: str) -> Path:
+        """Per-job log: ``results/logs/<model>/<name>.log``."""
+        return self.root / "logs" / self.base.name / f"{name}.log"
+
 
 def bundle_name(model_dir: str, recipe: str) -> str:
     """Name of one recipe's bundle: ``<dir>-<recipe>`` (.aimodel, .aimodelx, .<arch>.aimodelc)."""
     return f"{model_dir}-{recipe}"
+
+
+# What the card and publish stages read, by name: the rules declare exactly these as inputs
+# (``unpack``) and the CLI takes them as ``--<name> PATH...``; the tests build the same.
+def card_inputs(lay: Layout, recipes: list[str], targets: list[str] = ()) -> dict[str, Path | list[Path]]:
+    del targets  # the card describes every recipe; the products per target are publish's
+    return {"source": lay.source, "vocab": lay.vocab, "toolchain": lay.toolchain,
+            "exports": [lay.export(r) for r in recipes], "gates": [lay.gate_json(r) for r in recipes]}
+
+
+def publish_inputs(lay: Layout, recipes: list[str], targets: list[str]) -> dict[str, Path | list[Path]]:
+    return {**card_inputs(lay, recipes, targets), "card": lay.card,
+            "aots": [lay.aot(t, r) for t in targets for r in recipes]}
+
+
+def as_args(inputs: dict[str, Path | list[Path]]) -> list[str]:
+    """``{"exports": [a, b]}`` -> ``["--exports", "a", "b"]`` (the CLI form of a rule's inputs)."""
+    out: list[str] = []
+    for name, value in inputs.items():
+        out += [f"--{name}", *map(str, value if isinstance(value, list) else [value])]
+    return out
+
+
+def stage_args(stage: str, results: str | Path, model: str, recipes: list[str], targets: list[str] = ()) -> list[str]:
+    """The input arguments the card or publish rule passes, for a results tree (tests, tools)."""
+    inputs_of = {"card": card_inputs, "publish": publish_inputs}[stage]
+    return as_args(inputs_of(Layout(results, model), list(recipes), list(targets)))

@@ -21,7 +21,8 @@ import shutil
 from pathlib import Path
 
 from .errors import PipelineError
-from .fsutil import IGNORED, atomic_path, dumps_json, tree_manifest
+from .fsutil import IGNORED, atomic_path, dumps_json, first_difference, sha256_file, tree_manifest
+from .paths import VOCAB_TSV
 
 RECEIPT = "publish.json"
 
@@ -42,45 +43,87 @@ def _link_file(src, dst) -> None:
         shutil.copy2(src, dst)
 
 
-def check_gates(gates: dict[str, Path]) -> dict[str, dict]:
-    verdicts = {}
-    for recipe, path in gates.items():
+def check_gates(gates: list[Path]) -> dict[str, dict]:
+    """The passing gate result of every recipe, keyed by recipe; anything else refuses."""
+    results = {}
+    for path in gates:
         try:
             data = json.loads(Path(path).read_text())
         except (FileNotFoundError, json.JSONDecodeError):
-            raise PipelineError(path, f"recipe {recipe} has no readable gate result",
+            raise PipelineError(path, "no readable gate result",
                                 "run the gate; a bundle without a passing gate is never published") from None
+        recipe = data.get("recipe", Path(path).stem)
         if data.get("pass") is not True:
             raise PipelineError(path, f"recipe {recipe} did not pass its gate", "fix the export; failing bundles are not published")
-        verdicts[recipe] = {k: data[k] for k in ("pass", "steps", "agree_counted", "counted", "near_ties",
-                                                 "max_abs_dlogits", "mean_kl", "bundle_sha256")}
-    return verdicts
+        if "tested_files" not in data:
+            raise PipelineError(path, f"recipe {recipe}: the gate result records no tested files",
+                                "rerun the gate with this version (snakemake --forcerun gate)")
+        results[recipe] = data
+    return results
 
 
-def stage(out: Path, card: Path, vocab: Path, exports: dict[str, Path], aots: dict[tuple[str, str], Path],
-          gates: dict[str, Path], meta: dict) -> dict:
-    """Build the staging tree atomically; returns the receipt (without push results)."""
-    verdicts = check_gates(gates)
+VERDICT_KEYS = ("pass", "steps", "agree_counted", "counted", "near_ties", "max_abs_dlogits", "mean_kl", "bundle_sha256")
+
+
+def _verify(staged: dict[str, dict], prefix: str, expected: dict[str, dict], origin: Path, what: str, fix: str) -> None:
+    """The staged files below ``prefix`` must be exactly ``expected`` (same names, sha256, sizes);
+    a difference is reported at the file it was staged from (``origin``)."""
+    got = {rel[len(prefix):]: v for rel, v in staged.items() if rel.startswith(prefix)}
+    bad = first_difference(got, expected)
+    if bad:
+        state = "is missing" if bad not in got else ("is not among" if bad not in expected else "differs from")
+        raise PipelineError(origin / bad, f"{state} {what}", fix)
+
+
+def stage(out: Path, card: Path, vocab: Path, exports: list[Path], aots: list[Path], gates: list[Path],
+          meta: dict) -> dict:
+    """Build the staging tree atomically; returns the receipt (without push results). Every
+    staged bundle file must be a byte the gate tested (or, for a device target, built from
+    exactly the tested bundle): a bundle changed after its gate is refused, never shipped."""
+    from .aot import RECORD as AOT_RECORD, read_record as read_aot
+    from .export import read_record as read_export
+
+    results = check_gates(gates)
+    gate_file = dict(zip(results, gates))
     with atomic_path(out, directory=True) as tmp:
         _link_tree(card, tmp / "README.md")
-        for recipe, export_dir in exports.items():
-            if not (export_dir / "export.json").is_file():
-                raise PipelineError(export_dir / "export.json", f"recipe {recipe} has no export record", "run the export stage")
-            record = json.loads((export_dir / "export.json").read_text())
-            bundle = record["bundle"].removesuffix(".aimodel")
-            _link_tree(export_dir / record["bundle"], tmp / "aimodel" / bundle / record["bundle"])
+        checks = []  # (staged prefix, expected manifest, staged from, what it must equal, fix)
+        bundles = {}
+        for export_dir in exports:
+            record = read_export(export_dir)
+            recipe, aimodel = record["recipe"], record["bundle"]
+            if recipe not in results:
+                raise PipelineError(export_dir, f"recipe {recipe} has no gate result among the inputs", "run its gate")
+            bundles[recipe] = bundle = aimodel.removesuffix(".aimodel")
+            _link_tree(export_dir / aimodel, tmp / "aimodel" / bundle / aimodel)
             _link_tree(export_dir / "export.json", tmp / "aimodel" / bundle / "export.json")
-            _link_tree(gates[recipe], tmp / "aimodel" / bundle / "gate.json")
-            for (target, r), aot_dir in aots.items():
-                if r != recipe:
-                    continue
-                if not aot_dir.is_dir():
-                    raise PipelineError(aot_dir, f"AOT output for {target}/{recipe} is missing", "run the aot stage")
-                for product in sorted(p for p in aot_dir.iterdir() if p.name not in IGNORED):
-                    _link_tree(product, tmp / target / bundle / product.name)
-                _link_tree(vocab, tmp / target / bundle / "rwkv_vocab.tsv")
+            _link_tree(gate_file[recipe], tmp / "aimodel" / bundle / "gate.json")
+            checks.append((f"aimodel/{bundle}/{aimodel}/", results[recipe]["tested_files"]["aimodel"],
+                           export_dir / aimodel, f"the bundle the {recipe} gate tested",
+                           "the bundle changed after its gate: rebuild it (snakemake --forcerun export)"))
+        for aot_dir in aots:
+            rec = read_aot(aot_dir)  # checks the files against aot.json
+            recipe, target = rec["recipe"], rec["target"]
+            gated = results.get(recipe)
+            if recipe not in bundles or gated is None:
+                raise PipelineError(aot_dir, f"AOT output of recipe {recipe}, which is not published here", "check the inputs")
+            if rec["from"] != gated["tested_files"]["aimodel"]:
+                raise PipelineError(aot_dir, f"was built from other bytes than the bundle the {recipe} gate tested",
+                                    "rerun the aot stage: snakemake --forcerun aot")
+            if rec["product"] == gated["lowered"] and rec["files"] != gated["tested_files"]["lowered"]:
+                raise PipelineError(aot_dir, f"is not the lowering the {recipe} gate ran",
+                                    "rerun the gate: snakemake --forcerun gate")
+            dest = tmp / target / bundles[recipe]
+            for product in sorted(p for p in aot_dir.iterdir() if p.name not in IGNORED and p.name != AOT_RECORD):
+                _link_tree(product, dest / product.name)
+            _link_tree(vocab, dest / VOCAB_TSV)
+            expected = {**rec["files"], VOCAB_TSV: {"sha256": sha256_file(vocab), "size": vocab.stat().st_size}}
+            checks.append((f"{target}/{bundles[recipe]}/", expected, aot_dir, f"the {target} build of the gated bundle",
+                           "the AOT output changed after it was built: snakemake --forcerun aot"))
         files = tree_manifest(tmp)
-        receipt = {**meta, "gates": verdicts, "files": files}
+        for check in checks:
+            _verify(files, *check)
+        receipt = {**meta, "gates": {r: {k: g[k] for k in VERDICT_KEYS} for r, g in results.items()}, "files": files}
         if not meta["push"]["pushed"]:  # without a push there is no remote to compare against
             receipt["push"] = {**meta["push"], "would_commit": sorted(files)}
         (tmp / RECEIPT).write_text(dumps_json(receipt))

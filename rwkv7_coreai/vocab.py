@@ -10,8 +10,9 @@ import ast
 import base64
 import binascii
 import importlib.metadata
+import itertools
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from .errors import PipelineError
 from .fsutil import atomic_path, sha256_file
@@ -65,25 +66,85 @@ def check_sha256(path: Path, sha256: str) -> None:
                             "reinstall the pinned vocab package or fix vocab.sha256 in config.yaml")
 
 
+VOCAB_FIX = "use the original rwkv_vocab_v20230424.txt (this copy is damaged)"
+
+
+def _vocab_line(where: str, data: bytes) -> tuple[int, bytes] | None:
+    """(token id, token bytes) of one line of the original format (None for a blank line); a
+    malformed line is a PipelineError naming ``where`` (file:line) and what is wrong with it."""
+    try:
+        line = data.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        raise PipelineError(where, f"is not UTF-8 (byte {exc.start} of the line is {data[exc.start]:#04x})",
+                            VOCAB_FIX) from None
+    if not line:
+        return None
+    first, last = line.find(" "), line.rfind(" ")
+    if first <= 0 or first == last:
+        raise PipelineError(where, f"is not '<id> <literal> <byte length>': {line[:60]!r}", VOCAB_FIX)
+    sid, text, slen = line[:first], line[first + 1:last], line[last + 1:]
+    if not sid.isdecimal():
+        raise PipelineError(where, f"token id {sid[:20]!r} is not a number", VOCAB_FIX)
+    try:
+        literal = ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
+        why = exc.msg if isinstance(exc, SyntaxError) else f"{type(exc).__name__}: {exc}"
+        raise PipelineError(where, f"token {sid}: {text[:60]} is not a Python str/bytes literal ({why})",
+                            VOCAB_FIX) from None
+    if not isinstance(literal, (str, bytes)):
+        raise PipelineError(where, f"token {sid}: {text[:60]} is not a str/bytes literal ({type(literal).__name__})",
+                            VOCAB_FIX)
+    raw = literal.encode("utf-8") if isinstance(literal, str) else literal
+    if not slen.isdecimal() or len(raw) != int(slen):
+        raise PipelineError(where, f"token {sid}: {text[:60]} is {len(raw)} bytes, the line says {slen[:20]!r}",
+                            VOCAB_FIX)
+    return int(sid), raw
+
+
+def _vocab_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
+    """(line number, token id, token bytes) of every entry of a vocab file."""
+    with open(path, "rb") as fh:
+        for lineno, data in enumerate(fh, 1):
+            entry = _vocab_line(f"{path}:{lineno}", data)
+            if entry is not None:
+                yield lineno, *entry
+
+
 def parse_world_vocab(path: Path) -> dict[int, bytes]:
     vocab: dict[int, bytes] = {}
-    with open(path, "r", encoding="utf-8", newline="") as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.rstrip("\r\n")
-            if not line:
-                continue
-            first, last = line.find(" "), line.rfind(" ")
-            try:
-                token_id = int(line[:first])
-                literal = ast.literal_eval(line[first + 1:last])
-                raw = literal.encode("utf-8") if isinstance(literal, str) else bytes(literal)
-                if len(raw) != int(line[last + 1:]):
-                    raise ValueError(f"length {len(raw)} != {line[last + 1:]}")
-            except (ValueError, SyntaxError) as exc:
-                raise PipelineError(f"{path}:{lineno}", f"unparsable vocab line ({exc})",
-                                    "use the original rwkv_vocab_v20230424.txt") from None
-            vocab[token_id] = raw
+    first_line: dict[int, int] = {}
+    for lineno, token_id, raw in _vocab_lines(path):
+        if token_id in vocab:
+            raise PipelineError(f"{path}:{lineno}", f"token id {token_id} repeats line {first_line[token_id]}",
+                                VOCAB_FIX)
+        vocab[token_id], first_line[token_id] = raw, lineno
     return vocab
+
+
+def check_checkpoint_vocab(shipped: Path, pinned: Path) -> None:
+    """A checkpoint's own vocab file must hold the World vocab of (sha256-verified) ``pinned``,
+    line by line; other line ends are fine. Only lines whose bytes differ are parsed: a damaged
+    line is named by its number and what is malformed, another tokenizer by its first token."""
+    if sha256_file(shipped) == sha256_file(pinned):
+        return
+    with open(shipped, "rb") as theirs_fh, open(pinned, "rb") as ours_fh:
+        for lineno, (data, world) in enumerate(itertools.zip_longest(theirs_fh, ours_fh, fillvalue=b""), 1):
+            if data.rstrip(b"\r\n") == world.rstrip(b"\r\n"):
+                continue
+            where = f"{shipped}:{lineno}"
+            theirs, ours = _vocab_line(where, data), _vocab_line(f"{pinned}:{lineno}", world)
+            if theirs == ours:
+                continue  # the same token written another way
+            if theirs is None:
+                raise PipelineError(where, f"ends where the World vocab has token {ours[0]}", VOCAB_FIX)
+            if ours is None:
+                what = f"token {theirs[0]} is beyond the World vocab's {WORLD_VOCAB_SIZE} tokens"
+            elif theirs[0] == ours[0]:
+                what = f"token {theirs[0]} is {theirs[1]!r}, World has {ours[1]!r}"
+            else:
+                what = f"holds token {theirs[0]} where the World vocab has token {ours[0]}"
+            raise PipelineError(where, f"{what}: not the World vocab",
+                                "this model does not use the RWKV World tokenizer; it is not supported")
 
 
 # --- the baked TSV -------------------------------------------------------------------------

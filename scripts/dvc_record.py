@@ -1,25 +1,11 @@
 #!/usr/bin/env python3
-"""After a Snakemake run: refresh dvc.yaml from the DAG and record the outputs in DVC
-(`dvc commit -f` of every stage whose outputs exist), so `dvc status` is clean."""
-import subprocess
+"""After a Snakemake run (its onsuccess/onerror hook): record in DVC what THIS run built.
+
+Logic: rwkv7_coreai.dvc_record. Prints one line; exits 0 when recording is not possible here
+(no git, no DVC, another config than config.yaml) and nonzero only when DVC itself fails.
+"""
 import sys
-from pathlib import Path
 
-import yaml
+from rwkv7_coreai.dvc_record import main
 
-from rwkv7_coreai.dag import render, snakemake_jobs
-
-text = render(snakemake_jobs("."))
-if Path("dvc.yaml").read_text() != text:
-    Path("dvc.yaml").write_text(text)
-    print("dvc.yaml regenerated from the Snakefile's DAG (commit it)")
-stages = yaml.safe_load(text)["stages"]
-ready = [name for name, st in stages.items()
-         if all(Path(next(iter(o)) if isinstance(o, dict) else o).exists()
-                for key in ("outs", "metrics", "plots") for o in st.get(key, []))]
-if ready:
-    proc = subprocess.run(["dvc", "commit", "-f", "-q", *ready])
-    if proc.returncode:
-        print("error: dvc commit failed -- fix: run `dvc status` and `dvc commit -f` by hand", file=sys.stderr)
-        sys.exit(proc.returncode)
-print(f"recorded {len(ready)} of {len(stages)} DVC stages")
+sys.exit(main())

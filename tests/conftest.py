@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,6 +67,38 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+class OpenedFiles:
+    """Files opened (``open`` audit events) while recording, per label — so a test can check
+    that every file a stage reads is an input its rule declares. Audit hooks cannot be removed;
+    this one is installed once and costs nothing while no label is being recorded."""
+
+    def __init__(self):
+        self.label: str | None = None
+        self.by_label: dict[str, set[str]] = {}
+        sys.addaudithook(self._hook)
+
+    def _hook(self, event, args):
+        if self.label is not None and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+            path = os.fsdecode(args[0])
+            self.by_label.setdefault(self.label, set()).add(os.path.abspath(path))
+
+    @contextlib.contextmanager
+    def recording(self, label: str):
+        self.label = label
+        try:
+            yield
+        finally:
+            self.label = None
+
+
+OPENED = OpenedFiles()
+
+
+@pytest.fixture(scope="session")
+def opened_files():
+    return OPENED
+
+
 @pytest.fixture(scope="session")
 def tiny_results(tmp_path_factory, repo_root) -> Path:
     """A complete results tree for rwkv7-tiny (fp32, fp16, int8keepproj on `universal`), built by
@@ -73,6 +107,7 @@ def tiny_results(tmp_path_factory, repo_root) -> Path:
     import yaml
 
     from rwkv7_coreai import cli
+    from rwkv7_coreai.paths import Layout, stage_args
 
     root = tmp_path_factory.mktemp("pipeline")
     res = root / "results"
@@ -83,24 +118,30 @@ def tiny_results(tmp_path_factory, repo_root) -> Path:
     conf = root / "config.yaml"
     conf.write_text(yaml.safe_dump(cfg))
     m = "rwkv7-tiny"
+    lay, recipes = Layout(res, m), cfg["models"][m]["recipes"]
     base = ["--config-file", str(conf), "--model", m]
-    src, vocab, ref = res / m / "source", res / m / "vocab" / "rwkv_vocab.tsv", res / m / "reference" / "stream.npz"
+    src, vocab, ref = map(str, (lay.source, lay.vocab, lay.reference))
 
-    def ok(rc):
-        assert rc == 0, "building the tiny results tree failed (see the captured stderr)"
+    def run(stage, label, argv):
+        """A stage, its opened files recorded under ``label`` (its DVC stage name: dag.stage_name)."""
+        with OPENED.recording(label):
+            rc = getattr(cli, stage)(argv)
+        assert rc == 0, f"building the tiny results tree failed at {label} (see the captured stderr)"
 
-    ok(cli.toolchain(["--config-file", str(conf), "--out", str(res / "toolchain.json")]))
-    ok(cli.source([*base, "--out", str(src)]))
-    ok(cli.vocab([*base, "--source", str(src), "--out", str(vocab)]))
-    ok(cli.reference([*base, "--source", str(src), "--vocab", str(vocab), "--out", str(ref)]))
-    for r in cfg["models"][m]["recipes"]:
-        exp, aot = res / m / "export" / r, res / m / "aot" / "universal" / r
-        ok(cli.export([*base, "--recipe", r, "--source", str(src), "--out", str(exp)]))
-        ok(cli.aot([*base, "--recipe", r, "--target", "universal", "--export", str(exp), "--out", str(aot)]))
-        ok(cli.gate([*base, "--recipe", r, "--export", str(exp), "--aot", str(aot), "--reference", str(ref),
-                     "--json", str(res / m / "gate" / f"{r}.json"), "--tsv", str(res / m / "gate" / f"{r}.tsv")]))
-    ok(cli.card([*base, "--results", str(res), "--out", str(res / m / "card" / "README.md")]))
-    for out in [src, *(res / m).glob("export/*"), *(res / m).glob("aot/*/*")]:
+    run("toolchain", "toolchain", ["--config-file", str(conf), "--out", str(lay.toolchain)])
+    run("source", f"source-{m}", [*base, "--out", src])
+    run("vocab", f"vocab-{m}", [*base, "--source", src, "--out", vocab])
+    run("reference", f"reference-{m}", [*base, "--source", src, "--vocab", vocab, "--out", ref])
+    for r in recipes:
+        exp, aot = str(lay.export(r)), str(lay.aot("universal", r))
+        run("export", f"export-{m}-{r}", [*base, "--recipe", r, "--source", src, "--out", exp])
+        run("aot", f"aot-{m}-universal-{r}", [*base, "--recipe", r, "--target", "universal", "--export", exp, "--out", aot])
+        run("gate", f"gate-{m}-{r}", [*base, "--recipe", r, "--export", exp, "--aot", aot, "--reference", ref,
+                                      "--json", str(lay.gate_json(r)), "--tsv", str(lay.gate_tsv(r))])
+    run("card", f"card-{m}", [*base, *stage_args("card", res, m, recipes), "--out", str(lay.card)])
+    run("publish", f"stage_and_push-{m}", [*base, *stage_args("publish", res, m, recipes, cfg["models"][m]["targets"]),
+                                           "--out", str(lay.publish)])
+    for out in [lay.source, *(lay.export(r) for r in recipes), *(lay.aot("universal", r) for r in recipes)]:
         (out / ".snakemake_timestamp").touch()  # what Snakemake leaves in every directory() output
     return res
 

@@ -9,16 +9,22 @@ over the legacy LFS protocol, i.e. with ``HF_HUB_DISABLE_XET=1``). See
 Knobs for tests (all thread-safe):
 
 * ``add_repo`` / ``commit_files`` seed repos server-side; ``head``, ``history``, ``files_at`` read back.
-* ``fail(method, path_glob, status, times, error_code)``: answer the next ``times`` matching requests
-  with ``status`` (e.g. N times 503 then success, a 404 with ``X-Error-Code``, a 500 on the commit POST).
+* ``fail(method, path_glob, status, times, error_code, headers, echo_auth)``: answer the next ``times``
+  matching requests with ``status`` (e.g. N times 503 then success, a 404 with ``X-Error-Code``, a 500 on
+  the commit POST, a 429 with ``Retry-After``); ``echo_auth`` puts the request's ``Authorization`` header
+  into the error message, as a careless proxy might (what the client does with it is then under test).
 * ``truncate(repo, path, at, times)``: the next ``times`` GETs of a file announce the full length but
   send only ``at`` body bytes and drop the connection (the client should resume with ``Range``).
+  ``reset(...)`` does the same but aborts the connection with a TCP RST ("connection reset by peer");
+  ``stall(repo, path, seconds, at, times)`` sends ``at`` bytes and then nothing for ``seconds``.
 * ``corrupt(repo, path)``: every GET of that file serves bytes of the right size with wrong content.
 * ``log`` / ``requests(...)`` / ``file_requests()``: what was asked (method, path, query, status,
-  range, and only *whether* an ``Authorization`` header was present — never its value).
+  range, monotonic time ``t``, and only *whether* an ``Authorization`` header was present — never its value).
 
 ``client_env`` and ``run_python`` run a client session in a subprocess (huggingface_hub reads
-``HF_ENDPOINT``/``HF_HOME``/``HF_HUB_OFFLINE`` at import time).
+``HF_ENDPOINT``/``HF_HOME``/``HF_HUB_OFFLINE`` at import time); ``download`` runs our ``fetch_hf``
+that way, as the CLI would (``Run``: exit code, output, the ``error:`` lines). ``assert_secret_absent``
+is the token-leak check: no output stream, file name or file content may hold the secret.
 """
 
 from __future__ import annotations
@@ -28,9 +34,12 @@ import fnmatch
 import hashlib
 import json
 import os
+import socket
+import struct
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -112,6 +121,17 @@ class Fault:
     times: int
     error_code: str | None
     message: str
+    headers: dict = field(default_factory=dict)
+    echo_auth: bool = False
+
+
+@dataclass
+class Cut:
+    """A damaged transfer of a file body: after ``at`` bytes, ``how`` = close (FIN), reset (RST) or stall."""
+    at: int
+    times: int
+    how: str = "close"
+    seconds: float = 0.0
 
 
 class HubError(Exception):
@@ -131,7 +151,8 @@ class HubServer:
         self.lock = threading.RLock()
         self.repos: dict[str, Repo] = {}
         self.faults: list[Fault] = []
-        self.truncations: dict[tuple[str, str], list[int]] = {}  # (repo, path) -> [at, times left]
+        self.cuts: dict[tuple[str, str], Cut] = {}  # (repo, path) -> how the next GETs are damaged
+        self.stopping = threading.Event()  # ends stalls when the server stops
         self.corrupted: set[tuple[str, str]] = set()
         self.log: list[dict] = []
         self.errors: list[str] = []  # internal errors of the stand-in itself (a test should see none)
@@ -154,6 +175,7 @@ class HubServer:
         return self
 
     def stop(self) -> None:
+        self.stopping.set()
         if self.httpd is not None:
             self.httpd.shutdown()
             self.httpd.server_close()
@@ -247,11 +269,13 @@ class HubServer:
 
     # --- fault injection -----------------------------------------------------------------------
     def fail(self, method: str | None, path_glob: str, status: int = 500, *, times: int = 1,
-             error_code: str | None = None, message: str | None = None) -> None:
-        """Answer the next ``times`` requests matching (method, path glob on the URL path) with ``status``."""
+             error_code: str | None = None, message: str | None = None, headers: dict | None = None,
+             echo_auth: bool = False) -> None:
+        """Answer the next ``times`` requests matching (method, path glob on the URL path) with ``status``
+        (plus ``headers``, e.g. ``Retry-After``; ``echo_auth``: the Authorization header in the message)."""
         with self.lock:
             self.faults.append(Fault(method, path_glob, status, times, error_code,
-                                     message or f"injected {status}"))
+                                     message or f"injected {status}", dict(headers or {}), echo_auth))
 
     def truncate(self, repo_id: str, path: str, *, at: int, times: int = 1) -> None:
         """The next ``times`` GETs of ``path`` send ``at`` body bytes (of the announced length) then hang up.
@@ -259,7 +283,19 @@ class HubServer:
         huggingface_hub 2.4.0 writes a body in 10 MiB chunks and resumes (``Range: bytes=N-``) from what
         it wrote, so a cut inside the first 10 MiB makes it start over without ``Range``."""
         with self.lock:
-            self.truncations[(repo_id, path)] = [at, times]
+            self.cuts[(repo_id, path)] = Cut(at, times, "close")
+
+    def reset(self, repo_id: str, path: str, *, at: int, times: int = 1) -> None:
+        """Like ``truncate`` but the connection is aborted with a TCP RST after ``at`` bytes
+        (the client sees "connection reset by peer"; bytes still in flight may be lost)."""
+        with self.lock:
+            self.cuts[(repo_id, path)] = Cut(at, times, "reset")
+
+    def stall(self, repo_id: str, path: str, *, seconds: float, at: int = 0, times: int = 1) -> None:
+        """The next ``times`` GETs of ``path`` send the headers and ``at`` body bytes, then nothing for
+        ``seconds`` (or until the server stops), then hang up."""
+        with self.lock:
+            self.cuts[(repo_id, path)] = Cut(at, times, "stall", seconds)
 
     def corrupt(self, repo_id: str, path: str) -> None:
         """Every GET of ``path`` serves wrong bytes of the right size (headers still name the true hash)."""
@@ -318,7 +354,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.hub.log.append({
                 "method": self.command, "path": split.path, "query": split.query, "status": status,
                 "auth": "authorization" in {k.lower() for k in self.headers.keys()},
-                "range": self.headers.get("Range"),
+                "range": self.headers.get("Range"), "t": time.monotonic(),
             })
 
     def _send(self, status: int, body: bytes = b"", headers: dict | None = None,
@@ -349,7 +385,10 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             fault = self.hub._take_fault(self.command, split.path)
             if fault is not None:
-                raise HubError(fault.status, fault.message, fault.error_code)
+                message = fault.message
+                if fault.echo_auth:
+                    message += f" (Authorization: {self.headers.get('Authorization', 'none')})"
+                raise HubError(fault.status, message, fault.error_code, fault.headers)
             self._route([unquote(s) for s in split.path.split("/")[1:]], parse_qs(split.query), body)
         except HubError as err:
             self._error(err)
@@ -417,12 +456,12 @@ class _Handler(BaseHTTPRequestHandler):
                 if blob is None:
                     raise HubError(404, f"Entry not found: {path}", "EntryNotFound", {"X-Repo-Commit": commit.oid})
                 key = (repo.repo_id, path)
-                truncate_at = None
-                trunc = self.hub.truncations.get(key)
-                if m == "GET" and trunc is not None and trunc[1] > 0:
-                    trunc[1] -= 1
-                    truncate_at = trunc[0]
-                resolved = (commit, blob, truncate_at, key in self.hub.corrupted)
+                cut = self.hub.cuts.get(key)
+                if m == "GET" and cut is not None and cut.times > 0:
+                    cut.times -= 1
+                else:
+                    cut = None
+                resolved = (commit, blob, cut, key in self.hub.corrupted)
         if resolved is not None:
             return self._resolve(*resolved)  # file bodies are sent outside the lock
         raise HubError(404, f"hubserver: no route for {m} /{'/'.join(seg)}")
@@ -458,7 +497,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise HubError(404, f"Entry not found: {path}", "EntryNotFound")
         self._json(self._entries(commit, path, recursive))
 
-    def _resolve(self, commit: Commit, blob: Blob, truncate_at: int | None, corrupt: bool) -> None:
+    def _resolve(self, commit: Commit, blob: Blob, cut: Cut | None, corrupt: bool) -> None:
         data = blob.data
         if corrupt and data:
             data = bytes(b ^ 0x5A for b in data)
@@ -482,7 +521,7 @@ class _Handler(BaseHTTPRequestHandler):
             data = data[start:end + 1]
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end}/{size}"
-        if truncate_at is not None and self.command == "GET":
+        if cut is not None and self.command == "GET":
             self._record(status)
             self.send_response(status)
             self.send_header("Content-Type", "application/octet-stream")
@@ -490,11 +529,22 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header(key, value)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data[:truncate_at])
+            self.wfile.write(data[:cut.at])
             self.wfile.flush()
             self.close_connection = True
+            if cut.how == "stall":
+                self.hub.stopping.wait(cut.seconds)
+            elif cut.how == "reset":
+                self._abort()
             return
         self._send(status, data, headers, content_type="application/octet-stream")
+
+    def _abort(self) -> None:
+        """Close the connection with a TCP RST instead of a FIN (SO_LINGER on, timeout 0)."""
+        time.sleep(0.2)  # let the client read what was sent: an RST discards data still in flight
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.rfile.close()  # drop the makefile() reference so close() really closes the socket
+        self.connection.close()
 
     # --- upload ----------------------------------------------------------------------------------
     def _create_repo(self, body: bytes) -> None:
@@ -616,8 +666,11 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 # --- running a client session in a subprocess ------------------------------------------------
-def client_env(hub: HubServer, hf_home: str | Path, **extra: str) -> dict[str, str]:
-    """The environment of a client process talking to ``hub`` only (no real token, no Xet, no telemetry)."""
+def client_env(hub: HubServer, hf_home: str | Path, *, token: str | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a client process talking to ``hub`` only (no real token, no Xet, no telemetry).
+
+    ``token``: put it in ``HF_TOKEN`` and let huggingface_hub send it implicitly, as in production
+    (without it, implicit tokens are disabled: nothing from this machine can reach the stand-in)."""
     env = {k: v for k, v in os.environ.items()
            if not k.upper().startswith(("HF_", "HUGGINGFACE", "HUGGING_FACE"))}
     env.update({
@@ -634,6 +687,9 @@ def client_env(hub: HubServer, hf_home: str | Path, **extra: str) -> dict[str, s
         "PYTHONUNBUFFERED": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
     })
+    if token is not None:
+        env["HF_TOKEN"] = token
+        del env["HF_HUB_DISABLE_IMPLICIT_TOKEN"]
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -643,3 +699,81 @@ def run_python(code: str, env: dict[str, str], *args: str, timeout: float = 60,
     """Run ``code`` in a fresh interpreter of this venv; returns the completed process (text mode)."""
     return subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=cwd, capture_output=True,
                           text=True, timeout=timeout)
+
+
+# fetch_hf through the CLI wrapper (errors.main_guard): a PipelineError is one ``error: ...`` line on
+# stderr and exit code 1. On success: the snapshot, the sha256 of its files and their blob names.
+DOWNLOAD = r'''
+import hashlib, json, sys
+from pathlib import Path
+from rwkv7_coreai.errors import main_guard
+from rwkv7_coreai.hub_download import fetch_hf
+
+@main_guard
+def main():
+    args = json.loads(sys.argv[1])
+    snapshot = fetch_hf(args["repo"], args["revision"], args.get("allow_patterns"))
+    files = sorted(p for p in snapshot.rglob("*") if p.is_file())
+    print(json.dumps({"snapshot": str(snapshot),
+                      "files": {p.relative_to(snapshot).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                                for p in files},
+                      "blobs": {p.relative_to(snapshot).as_posix(): Path(p.resolve()).name for p in files}}))
+
+sys.exit(main())
+'''
+
+
+class Run:
+    """A finished client session: exit code, output, the JSON result (last stdout line, on success)
+    and the ``error:`` lines of stderr."""
+
+    def __init__(self, proc: subprocess.CompletedProcess, seconds: float = 0.0):
+        self.rc, self.stdout, self.stderr, self.seconds = proc.returncode, proc.stdout, proc.stderr, seconds
+        lines = proc.stdout.strip().splitlines()
+        self.result = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
+        self.errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+
+    @property
+    def files(self) -> dict[str, str]:
+        """sha256 of every file of the returned snapshot."""
+        return self.result["files"]
+
+    def one_error(self) -> str:
+        """The single ``error:`` line of a failed run (and nothing like a traceback)."""
+        assert self.rc == 1, self
+        assert "Traceback" not in self.stderr, self
+        assert len(self.errors) == 1, self
+        return self.errors[0]
+
+    def __repr__(self) -> str:
+        return f"rc={self.rc}\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-3000:]}"
+
+
+def run_client(code: str, env: dict[str, str], *args: str, timeout: float = 60) -> Run:
+    start = time.monotonic()
+    proc = run_python(code, env, *args, timeout=timeout)
+    return Run(proc, time.monotonic() - start)
+
+
+def download(hub: HubServer, hf_home: str | Path, revision: str, *, repo: str, allow_patterns=None,
+             token: str | None = None, **env: str) -> Run:
+    """``fetch_hf(repo, revision, allow_patterns)`` in a fresh client process against ``hub``."""
+    args = json.dumps({"repo": repo, "revision": revision, "allow_patterns": allow_patterns})
+    return run_client(DOWNLOAD, client_env(hub, hf_home, token=token, **env), args)
+
+
+def assert_secret_absent(secret: str, outputs: list[str], *roots: str | Path) -> None:
+    """The token-leak check: ``secret`` (or a 12-character piece of it) is in none of ``outputs``
+    (stdout/stderr of a client) and in no file name or file content below ``roots``."""
+    pieces = {secret, secret[:12], secret[-12:]}
+    for i, text in enumerate(outputs):
+        for piece in pieces:
+            assert piece not in text, f"output #{i} holds (part of) the secret"
+    for root in roots:
+        for path in Path(root).rglob("*"):
+            for piece in pieces:
+                assert piece not in str(path), f"a file name holds (part of) the secret: {path}"
+            if path.is_file() and not path.is_symlink():
+                data = path.read_bytes()
+                for piece in pieces:
+                    assert piece.encode() not in data, f"{path} holds (part of) the secret"

@@ -19,6 +19,7 @@ import yaml
 
 from rwkv7_coreai import card as c
 from rwkv7_coreai import cli
+from rwkv7_coreai.paths import stage_args
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS: Path = REPO_ROOT / "results"  # set to the session-built tree by conftest.py, never results/
@@ -115,12 +116,18 @@ def render_card(work, config: Path | None = None, *, out: Path | None = None, ca
     _RUNS[0] += 1
     out = out or work["tmp"] / "out" / f"card{_RUNS[0]}" / "README.md"
     rc = cli.card(["--config-file", str(config or work["config"]), "--model", MODEL,
-                   "--results", str(work["results"]), "--out", str(out)])
+                   *card_args(work), "--out", str(out)])
     if capsys is not None:
         captured = capsys.readouterr()
         assert rc == 0, captured.err
     assert rc == 0
     return out.read_text(encoding="utf-8")
+
+
+def card_args(work) -> list[str]:
+    """The card rule's inputs for the copied results; cards/<model>.md when a test made one."""
+    curated = Path("cards") / f"{MODEL}.md"  # relative to the work cwd, as the rule declares it
+    return stage_args("card", work["results"], MODEL, RECIPES) + (["--curated", str(curated)] if curated.is_file() else [])
 
 
 def model_dir(work) -> Path:
@@ -174,7 +181,7 @@ def test_table_has_one_row_per_configured_recipe_in_config_order(work, capsys):
 
 def test_missing_metrics_is_a_one_line_error(work, capsys):
     (model_dir(work) / "gate" / "fp16.json").unlink()
-    rc = cli.card(["--config-file", str(work["config"]), "--model", MODEL, "--results", str(work["results"]),
+    rc = cli.card(["--config-file", str(work["config"]), "--model", MODEL, *card_args(work),
                    "--out", str(work["tmp"] / "out" / "README.md")])
     err = capsys.readouterr().err
     assert rc == 1
@@ -209,7 +216,7 @@ def test_license_is_inherited_from_the_source_card(work, capsys):
     # neither: a one-line error naming the source card, no card written
     config = write_config(work["cwd"] / "nolic.yaml", license=None)
     out = work["tmp"] / "nolic" / "README.md"
-    rc = cli.card(["--config-file", str(config), "--model", MODEL, "--results", str(work["results"]),
+    rc = cli.card(["--config-file", str(config), "--model", MODEL, *card_args(work),
                    "--out", str(out)])
     err = capsys.readouterr().err
     assert rc == 1 and err.startswith("error: ") and err.count("\n") == 1, err
@@ -389,7 +396,7 @@ def test_build_date_without_epoch_is_the_config_commit_date(monkeypatch):
 def test_card_cli_end_to_end(work, capsys):
     out = work["tmp"] / "out" / "README.md"
     log = work["tmp"] / "logs" / "card.log"
-    rc = cli.card(["--config-file", str(work["config"]), "--model", MODEL, "--results", str(work["results"]),
+    rc = cli.card(["--config-file", str(work["config"]), "--model", MODEL, *card_args(work),
                    "--out", str(out), "--log", str(log)])
     captured = capsys.readouterr()
     assert rc == 0, captured.err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import sys
 
@@ -76,15 +77,99 @@ def test_snakemake_fails_at_start_with_the_schema_message(repo_root, raw, tmp_pa
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(raw))
     proc = _snakemake(repo_root, "publish", "--configfile", str(bad), "--directory", str(tmp_path / "wd"))
-    assert proc.returncode != 0
-    assert "-3 is less than the minimum of 1" in proc.stderr + proc.stdout
+    assert proc.returncode == 1
+    assert _errors(proc) == [f"error: {bad}: invalid value at gate/steps: -3 is less than "
+                                        "the minimum of 1 -- fix: correct it as rwkv7_coreai/schemas/config.schema.yaml "
+                                        "describes"], proc.stderr
 
 
-def test_snakemake_refuses_stage_settings_through_config_flag(repo_root, tmp_path):
-    proc = _snakemake(repo_root, "publish", "--configfile", str(repo_root / "config.yaml"), "--config",
-                      "results=elsewhere", "--directory", str(tmp_path / "wd"))
-    assert proc.returncode != 0
-    assert "--config may only set `build`" in proc.stderr + proc.stdout
+@pytest.mark.parametrize("mutate, needle", [
+    (lambda c, t: c["recipes"].__setitem__("../../../../esc", {"dtype": "float32"}),
+     "invalid value at recipes: '../../../../esc' does not match"),
+    (lambda c, t: c["targets"].__setitem__("a/b", {"kind": "linux"}), "invalid value at targets: 'a/b' does not match"),
+    (lambda c, t: c["models"].__setitem__("../m", c["models"]["rwkv7-tiny"]), "invalid value at models: '../m'"),
+    (lambda c, t: c["recipes"]["int8"]["quantize"].__setitem__("include", ["(ffn"]),
+     "recipes/int8/quantize/include: '(ffn' is not a valid regular expression"),
+    (lambda c, t: c.__setitem__("results", str(t)), "is a file, not a directory"),
+    (lambda c, t: c["models"]["rwkv7-tiny"]["source"].__setitem__("kind", "ftp"),
+     "models/rwkv7-tiny/source: kind 'ftp' is not one of synthetic, hf, path"),
+])
+def test_names_paths_and_patterns_are_checked_at_config_time(raw, tmp_path, mutate, needle):
+    a_file = tmp_path / "results"
+    a_file.write_text("not a directory")
+    mutate(raw, a_file)
+    with pytest.raises(PipelineError) as exc:
+        config.validate(raw, "config.yaml")
+    assert needle in str(exc.value) and "-- fix: " in str(exc.value) and "\n" not in str(exc.value)
+
+
+def _errors(proc) -> list[str]:
+    """stderr less Snakemake's own notice about the workflow profile."""
+    return [line for line in proc.stderr.splitlines() if not line.startswith("Using workflow specific profile")]
+
+
+def _commands(proc) -> list[str]:
+    """The shell commands a dry run with -p prints ("Shell command: python scripts/...")."""
+    cmds = sorted(line.split("Shell command:", 1)[1].strip() for line in (proc.stdout + proc.stderr).splitlines()
+                  if "Shell command: python scripts/" in line)
+    assert cmds, "the dry run printed no shell commands"
+    return cmds
+
+
+def test_config_flag_overrides_reach_the_stages_through_one_effective_file(repo_root, tmp_path):
+    """--config merges over config.yaml as Snakemake merges it; the stages read that same merged
+    config (a content-addressed file), and its origin names what the user gave."""
+    proc = _snakemake(repo_root, "publish", "-p", "--config", f"results={tmp_path}/elsewhere")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cmds = _commands(proc)
+    assert cmds and all(f"{tmp_path}/elsewhere/rwkv7-tiny" in c or "toolchain" in c for c in cmds)
+    files = {c.split("--config-file ")[1].split()[0] for c in cmds}
+    assert len(files) == 1 and next(iter(files)).startswith(".snakemake/rwkv7/config-")
+    loaded = config.load(repo_root / files.pop())
+    assert loaded["results"] == f"{tmp_path}/elsewhere" and config.origin(loaded) == "config.yaml + --config"
+
+
+def test_naming_config_yaml_or_nothing_gives_the_same_commands(repo_root):
+    plain = _snakemake(repo_root, "publish", "-p", "--forceall")
+    named = _snakemake(repo_root, "publish", "-p", "--forceall", "--configfile", "config.yaml")
+    assert plain.returncode == 0 and named.returncode == 0, named.stderr[-2000:]
+    assert _commands(plain) == _commands(named) and all("--config-file config.yaml " in c for c in _commands(plain))
+
+
+def test_a_config_file_holding_only_one_model_merges_and_builds_it(repo_root, raw, tmp_path):
+    """Snakemake deep-merges --configfile over config.yaml; the stages see the same merge, so the
+    new model builds (here: its source) and config.yaml's model is planned too."""
+    own = {"results": str(tmp_path / "res"), "models": {"t": {
+        "enabled": True, "dir": "t", "source": {"kind": "synthetic", "seed": 7, "shape": {
+            "layers": 1, "hidden": 64, "head_dim": 64, "ffn": 128, "vocab": 65536,
+            "decay_lora": 8, "a_lora": 8, "v_lora": 8, "gate_lora": 8}},
+        "recipes": ["fp32"], "targets": ["universal"], "publish": {"repo": None, "push": False}}}}
+    it = tmp_path / "it.yaml"
+    it.write_text(yaml.safe_dump(own))
+    plan = _snakemake(repo_root, "publish", "--configfile", str(it))
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    assert f"{tmp_path}/res/t/export/fp32" in plan.stdout and f"{tmp_path}/res/rwkv7-tiny/export/fp16" in plan.stdout
+    env = dict(os.environ, PATH=f"{repo_root / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", f"{tmp_path}/res/t/source",
+                           "--configfile", str(it)], cwd=repo_root, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "res" / "t" / "source" / "model.safetensors").is_file()
+    assert "DVC: not recorded: this run's config differs from config.yaml" in proc.stderr
+
+
+def test_invalid_yaml_names_the_file_and_line(repo_root, tmp_path):
+    from rwkv7_coreai.config import read_yaml
+
+    bad = tmp_path / "config.yaml"
+    bad.write_text("results: results\nmodels: [1, 2\nbuild: []\n")
+    with pytest.raises(PipelineError) as exc:
+        read_yaml(bad)
+    assert str(exc.value).startswith(f"{bad}: invalid YAML at line 3") and "\n" not in str(exc.value)
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--snakefile",
+                           str(repo_root / "Snakefile"), "--directory", str(tmp_path)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert _errors(proc) == [f"error: {exc.value}".replace(str(bad), "config.yaml")]
 
 
 def test_snakemake_accepts_another_config_file_and_build_override(repo_root, raw, tmp_path):

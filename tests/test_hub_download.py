@@ -1,8 +1,9 @@
-"""``rwkv7_coreai.source.fetch_hf`` against a local stand-in of the Hub (tests/hubserver.py).
+"""``rwkv7_coreai.hub_download.fetch_hf`` against a local stand-in of the Hub (tests/hubserver.py).
 
 Every client session runs in a subprocess: huggingface_hub reads HF_ENDPOINT / HF_HOME /
 HF_HUB_OFFLINE when it is imported. The subprocess calls fetch_hf through ``errors.main_guard``,
 the CLI wrapper, so a PipelineError shows as one ``error: ...`` line on stderr and exit code 1.
+Faults of the Hub or the network (auth, 429, 5xx, resets, timeouts) are in test_hub_faults.py.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hubserver import HubServer, client_env, run_python
+from hubserver import HubServer, Run, client_env, download, run_python
 
 REPO = "org/tiny"
 VOCAB = "rwkv_vocab_v20230424.txt"
@@ -25,36 +26,6 @@ FILES = {
     VOCAB: "".join(f"{i} {chr(96 + i)!r} 1\n" for i in range(1, 27)).encode()
     + "27 '\u00e9t\u00e9' 4\n".encode(),
 }
-
-# fetch_hf through the CLI wrapper. rwkv7_coreai.source imports .checkpoint and .synthetic, which import
-# torch (~3 s per process); fetch_hf/verify_snapshot use neither, so they are replaced by stubs that fail
-# loudly if anything touches them.
-CLIENT = r'''
-import hashlib, json, sys, types
-import rwkv7_coreai
-for _name in ("checkpoint", "synthetic"):
-    _stub = types.ModuleType("rwkv7_coreai." + _name)
-    def _unavailable(attr, _name=_name):
-        raise AttributeError(f"rwkv7_coreai.{_name} is stubbed out in test_hub_download (no torch): {attr}")
-    _stub.__getattr__ = _unavailable
-    sys.modules[_stub.__name__] = _stub
-    setattr(rwkv7_coreai, _name, _stub)
-from pathlib import Path
-from rwkv7_coreai.errors import main_guard
-from rwkv7_coreai.source import fetch_hf
-
-@main_guard
-def main():
-    args = json.loads(sys.argv[1])
-    snapshot = fetch_hf(args["repo"], args["revision"], args.get("allow_patterns"))
-    files = {p.relative_to(snapshot).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-             for p in sorted(snapshot.rglob("*")) if p.is_file()}
-    blobs = {p.relative_to(snapshot).as_posix(): Path(p.resolve()).name
-             for p in sorted(snapshot.rglob("*")) if p.is_file()}
-    print(json.dumps({"snapshot": str(snapshot), "files": files, "blobs": blobs}))
-
-sys.exit(main())
-'''
 
 
 @pytest.fixture
@@ -74,36 +45,15 @@ def hf_home(tmp_path) -> Path:
     return tmp_path / "hf_home"
 
 
-class Run:
-    def __init__(self, proc):
-        self.rc, self.stdout, self.stderr = proc.returncode, proc.stdout, proc.stderr
-        self.result = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
-        self.errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-
-    @property
-    def files(self) -> dict[str, str]:
-        """sha256 of every file of the returned snapshot."""
-        return self.result["files"]
-
-    def __repr__(self) -> str:
-        return f"rc={self.rc}\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-3000:]}"
-
-
 def fetch(hub, hf_home, revision, allow_patterns=None, repo=REPO, **env) -> Run:
-    args = json.dumps({"repo": repo, "revision": revision, "allow_patterns": allow_patterns})
-    return Run(run_python(CLIENT, client_env(hub, hf_home, **env), args))
+    return download(hub, hf_home, revision, repo=repo, allow_patterns=allow_patterns, **env)
 
 
 def digests(files: dict[str, bytes]) -> dict[str, str]:
     return {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
 
 
-def one_error(run: Run) -> str:
-    """The single ``error:`` line of a failed run (and nothing like a traceback)."""
-    assert run.rc == 1, run
-    assert "Traceback" not in run.stderr, run
-    assert len(run.errors) == 1, run
-    return run.errors[0]
+one_error = Run.one_error
 
 
 def gets(hub, path: str) -> list[dict]:
@@ -167,8 +117,9 @@ def test_offline_with_a_filled_cache_works_without_any_request(hub, sha, hf_home
 def test_offline_with_an_empty_cache_says_so(hub, sha, hf_home):
     line = one_error(fetch(hub, hf_home, sha, HF_HUB_OFFLINE="1"))
     assert hub.log == []
-    assert line == (f"error: hf://{REPO}@{sha}: files not in the local cache and the Hub could not be reached "
-                    "(or a file is missing) -- fix: run once with network access, or unset HF_HUB_OFFLINE")
+    assert line == (f"error: hf://{REPO}@{sha}: HF_HUB_OFFLINE is set, so the Hub is not contacted, and the "
+                    "snapshot is not (completely) in the Hugging Face cache -- fix: unset HF_HUB_OFFLINE (or fill "
+                    "the cache once with network access)")
 
 
 # --- errors from the Hub -------------------------------------------------------------------------
@@ -197,46 +148,7 @@ def test_injected_revision_not_found_code_is_honoured(hub, sha, hf_home):
     assert line.startswith(f"error: hf://{REPO}@{sha}: revision not found on the Hub -- fix:")
 
 
-def test_server_errors_then_success(hub, sha, hf_home):
-    hub.fail("GET", f"/api/models/{REPO}/tree/*", 503, times=1)  # retried after a 1 s backoff
-    hub.fail("HEAD", f"/{REPO}/resolve/*/model.safetensors", 500, times=1)  # retried at once
-    run = fetch(hub, hf_home, sha)
-    assert run.rc == 0, run
-    assert run.files == digests(FILES)
-    assert [e["status"] for e in hub.requests("GET", "/api/models/*/tree/*")] == [503, 200]
-    assert [e["status"] for e in hub.requests("HEAD", "*/model.safetensors")] == [500, 200]
-
-
-def test_server_error_on_a_file_body_is_a_one_line_error(hub, sha, hf_home):
-    hub.fail("GET", f"/{REPO}/resolve/*/model.safetensors", 500, times=5)  # GETs are not retried on 500
-    line = one_error(fetch(hub, hf_home, sha))
-    assert line.startswith(f"error: hf://{REPO}@{sha}: download failed (HfHubHTTPError: ")
-    assert line.endswith("-- fix: retry; the cache keeps what was already downloaded")
-
-
 # --- damaged transfers ---------------------------------------------------------------------------
-def test_truncated_body_is_resumed_with_range_and_verified(hub, hf_home):
-    # the client writes in 10 MiB chunks and resumes from what it wrote: cut a >10 MiB file past 10 MiB
-    big = {"config.json": FILES["config.json"], "model.safetensors": bytes(range(256)) * 41000 + b"end"}
-    sha = hub.add_repo("org/big", big)
-    cut = 10 * 1024 * 1024 + 1000
-    hub.truncate("org/big", "model.safetensors", at=cut)
-    run = fetch(hub, hf_home, sha, repo="org/big")
-    assert run.rc == 0, run
-    assert run.files == digests(big)
-    first, second = hub.requests("GET", "/org/big/resolve/*/model.safetensors")
-    assert (first["status"], first["range"]) == (200, None)
-    assert second["status"] == 206 and second["range"].startswith("bytes=") and second["range"].endswith("-")
-    assert 0 < int(second["range"][6:-1]) <= cut  # resumed, not restarted
-
-
-def test_connection_dropped_on_every_try_is_a_one_line_error(hub, sha, hf_home):
-    hub.truncate(REPO, "model.safetensors", at=0, times=100)  # the client gives up after 5 resumes (~5 s)
-    run = fetch(hub, hf_home, sha, allow_patterns=["model.safetensors"])
-    line = one_error(run)
-    assert line.startswith(f"error: hf://{REPO}@{sha}: ") and "RemoteProtocolError" in line
-
-
 @pytest.mark.parametrize("name, kind", [("model.safetensors", "sha256"), ("config.json", "git sha1")])
 def test_corrupted_body_of_the_right_size_is_rejected(hub, sha, hf_home, name, kind):
     hub.corrupt(REPO, name)
@@ -269,14 +181,9 @@ def test_corrupted_body_of_the_right_size_is_rejected(hub, sha, hf_home, name, k
 
 # --- refused before any request ------------------------------------------------------------------
 REFUSE = r'''
-import json, sys, types
-import rwkv7_coreai
-for _name in ("checkpoint", "synthetic"):
-    _stub = types.ModuleType("rwkv7_coreai." + _name)
-    sys.modules[_stub.__name__] = _stub
-    setattr(rwkv7_coreai, _name, _stub)
+import json, sys
 from rwkv7_coreai.errors import PipelineError
-from rwkv7_coreai.source import fetch_hf
+from rwkv7_coreai.hub_download import fetch_hf
 out = []
 for revision in json.loads(sys.argv[1]):
     try:

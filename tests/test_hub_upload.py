@@ -219,8 +219,9 @@ def test_token_never_appears_in_output_errors_or_result(hub, tmp_path, staging):
              message=f"token {TOKEN} cannot write to {REPO} (Authorization: Bearer {TOKEN})")
     refused = upload(hub, tmp_path, staging)
     assert refused.rc == 1, refused
-    assert refused.error.startswith(f"hf://{REPO}: not authorised (HTTP 403: token <token> cannot write to ")
-    assert refused.error.endswith("-- fix: use a token with write access to the repo's namespace")
+    assert refused.error == (f"hf://{REPO}: authentication failed (HTTP 403: token <token> cannot write to {REPO} "
+                             "(Authorization: Bearer <token>)) -- fix: check that HF_TOKEN holds a valid token with "
+                             "write access to the repo")
     assert "\n" not in refused.error
     again = upload(hub, tmp_path, staging)
     assert again.rc == 0 and again.result["committed"] == ["config.json"], again

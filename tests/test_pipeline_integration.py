@@ -20,11 +20,15 @@ GATE_STEPS = 96
 RECIPES = ("fp32", "fp16", "int8keepproj")
 
 
-def run(cmd, cwd, timeout=1200, check=True):
+def _env() -> dict:
     env = dict(os.environ, PATH=f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
                DVC_NO_ANALYTICS="1", HF_HUB_OFFLINE="1")
     env.pop("HF_TOKEN", None)
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, shell=True)
+    return env
+
+
+def run(cmd, cwd, timeout=1200, check=True):
+    proc = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout, shell=True)
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -154,3 +158,84 @@ def test_snakemake_has_nothing_to_do_after_dvc_repro(dvc_repo):
     proc = run("snakemake -n --cores 1 publish", repo)
     assert "Nothing to be done" in proc.stdout + proc.stderr
     assert "Data and pipelines are up to date" in run("dvc status", repo).stdout
+
+
+# --- issue 8: only gated bytes are published; DVC records only what a run built, with config.yaml --
+def _dvc_changed(repo) -> str:
+    return run("dvc status", repo).stdout
+
+
+def test_naming_config_yaml_explicitly_reruns_nothing(smk_repo):
+    repo, _ = smk_repo
+    proc = run("snakemake -n --cores 1 publish --configfile config.yaml", repo)
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_a_maintainer_card_is_an_input_of_the_card(smk_repo):
+    repo, _ = smk_repo
+    cards = repo / "cards"
+    cards.mkdir()
+    try:
+        (cards / "rwkv7-tiny.md").write_text("Maintained by hand.\n")
+        assert _planned_rules(repo) == {"card", "stage_and_push", "publish"}
+    finally:
+        shutil.rmtree(cards)
+    assert "Nothing to be done" in run("snakemake -n --cores 1 publish", repo).stdout
+
+
+def test_a_bundle_changed_after_its_gate_is_never_staged_nor_recorded(smk_repo):
+    repo, _ = smk_repo
+    mlirb = next((repo / "results/rwkv7-tiny/export/fp16").glob("*.aimodel/main.mlirb"))
+    original, stat = mlirb.read_bytes(), mlirb.stat()
+    damaged = bytearray(original)
+    damaged[4096:6144] = bytes(b ^ 0x5A for b in damaged[4096:6144])  # 2 KB of bit rot
+    mlirb.write_bytes(bytes(damaged))
+    os.utime(mlirb, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # file times kept
+    try:
+        proc = run("snakemake --cores 1 --forcerun stage_and_push publish", repo, check=False)
+        assert proc.returncode != 0
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+        assert errors and "main.mlirb" in errors[0] and "the bundle the fp16 gate tested" in errors[0], proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr
+        assert not (repo / "results/rwkv7-tiny/publish").exists()
+        log = (repo / "results/logs/rwkv7-tiny/publish.log").read_text()
+        assert errors[0] in log, "the error line is in the job's log too"
+        status = _dvc_changed(repo)
+        assert "export-rwkv7-tiny-fp16" in status, "the altered bundle must show as changed in dvc status"
+    finally:
+        mlirb.write_bytes(original)
+        os.utime(mlirb, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    run("snakemake --cores 1 publish", repo)
+    assert "Data and pipelines are up to date" in _dvc_changed(repo)
+
+
+def test_a_run_with_another_config_is_not_recorded_as_config_yaml(smk_repo, tmp_path):
+    repo, _ = smk_repo
+    cfg = yaml.safe_load((repo / "config.yaml").read_text())
+    cfg["models"]["rwkv7-tiny"]["description"] = "Built from another config."
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(cfg, allow_unicode=True))
+    proc = run(f"snakemake --cores 1 publish --configfile {other}", repo)
+    assert "DVC: not recorded: this run's config differs from config.yaml at models.rwkv7-tiny.description" \
+        in proc.stderr, proc.stderr[-2000:]
+    card = (repo / "results/rwkv7-tiny/card/README.md").read_text()
+    assert "Built from another config." in card
+    assert "card-rwkv7-tiny" in _dvc_changed(repo), "dvc.lock still describes config.yaml's card"
+    run("snakemake --cores 1 publish", repo)  # config.yaml's settings again: rebuilt and recorded
+    assert "Data and pipelines are up to date" in _dvc_changed(repo)
+
+
+def test_two_concurrent_runs_in_one_tree_lose_no_record(smk_repo):
+    repo, _ = smk_repo
+    env_cmd = "snakemake --cores 1 --forcerun {rule} {target}"
+    a = subprocess.Popen(env_cmd.format(rule="card", target="results/rwkv7-tiny/card/README.md"), cwd=repo,
+                         shell=True, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    b = subprocess.Popen(env_cmd.format(rule="aot", target="results/rwkv7-tiny/aot/universal/fp32"), cwd=repo,
+                         shell=True, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out_a, out_b = a.communicate(timeout=600)[0], b.communicate(timeout=600)[0]
+    assert a.returncode == 0 and b.returncode == 0, out_a[-2000:] + out_b[-2000:]
+    assert "DVC: recorded the 1 stage(s) this run built" in out_a and "DVC: recorded the 1 stage(s)" in out_b
+    status = run("dvc status card-rwkv7-tiny aot-rwkv7-tiny-universal-fp32", repo).stdout
+    assert "changed outs" not in status, status
+    run("snakemake --cores 1 publish", repo)  # the lowering is newer than its gate: bring the rest up to date
+    assert "Data and pipelines are up to date" in _dvc_changed(repo)

@@ -21,6 +21,7 @@ import yaml
 from hubserver import HubServer, client_env, run_python
 from rwkv7_coreai import card as c
 from rwkv7_coreai import cli
+from rwkv7_coreai.paths import stage_args
 from rwkv7_coreai import publish as p
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +62,10 @@ def copy_results(dst: Path, recipes=RECIPES) -> Path:
     _place(RESULTS / "toolchain.json", dst / "toolchain.json")
     assert list(out.rglob(".snakemake_timestamp")), "the copy should carry the pipeline's timestamp files"
     return dst
+
+
+def publish_args(results: Path, recipes=RECIPES) -> list[str]:
+    return stage_args("publish", results, MODEL, recipes, [TARGET])
 
 
 def write_config(path: Path, **model_changes) -> Path:
@@ -118,7 +123,7 @@ def staged(tmp_path, no_token, capsys):
     results = copy_results(tmp_path / "results")
     config = write_config(tmp_path / "config.yaml")
     out = tmp_path / "out" / "publish"
-    rc = cli.publish(["--config-file", str(config), "--model", MODEL, "--results", str(results), "--out", str(out)])
+    rc = cli.publish(["--config-file", str(config), "--model", MODEL, *publish_args(results), "--out", str(out)])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     return {"results": results, "out": out, "config": config, "stdout": captured.out, "stderr": captured.err}
@@ -183,7 +188,7 @@ def test_restaging_replaces_the_tree(staged, capsys):
     """A second run (e.g. after a gate rerun) replaces the staging tree wholesale, with no leftovers."""
     out = staged["out"]
     (out / "stray.txt").write_text("left over from an older layout\n")
-    rc = cli.publish(["--config-file", str(staged["config"]), "--model", MODEL, "--results", str(staged["results"]),
+    rc = cli.publish(["--config-file", str(staged["config"]), "--model", MODEL, *publish_args(staged["results"]),
                       "--out", str(out)])
     assert rc == 0, capsys.readouterr().err
     assert not (out / "stray.txt").exists()
@@ -205,7 +210,7 @@ def test_a_recipe_without_a_passing_gate_is_refused(tmp_path, no_token, capsys, 
     else:
         replace_file(gate, '{"pass": tru')
     out = tmp_path / "out" / "publish"
-    rc = cli.publish(["--config-file", str(config), "--model", MODEL, "--results", str(results), "--out", str(out)])
+    rc = cli.publish(["--config-file", str(config), "--model", MODEL, *publish_args(results), "--out", str(out)])
     err = capsys.readouterr().err
     assert rc == 1
     assert err.startswith("error: ") and err.endswith("\n") and err.count("\n") == 1, err
@@ -222,7 +227,7 @@ def test_refusal_leaves_an_earlier_staging_tree_untouched(staged, capsys):
     data = json.loads(gate.read_text())
     data["pass"] = False
     replace_file(gate, json.dumps(data))
-    rc = cli.publish(["--config-file", str(staged["config"]), "--model", MODEL, "--results", str(staged["results"]),
+    rc = cli.publish(["--config-file", str(staged["config"]), "--model", MODEL, *publish_args(staged["results"]),
                       "--out", str(out)])
     err = capsys.readouterr().err
     assert rc == 1 and str(gate) in err and err.count("\n") == 1, err
@@ -293,7 +298,7 @@ def pushes(tmp_path_factory):
     runs = []
     with HubServer() as hub:
         env = client_env(hub, tmp / "hf_home", HF_TOKEN=TOKEN, SOURCE_DATE_EPOCH=EPOCH)
-        argv = ["--config-file", str(config), "--model", MODEL, "--results", str(results), "--out", str(out)]
+        argv = ["--config-file", str(config), "--model", MODEL, *publish_args(results), "--out", str(out)]
 
         def publish(i: int) -> dict:
             log = logs / f"publish{i}.log"
@@ -321,7 +326,7 @@ def pushes(tmp_path_factory):
         # new device numbers arrive: the card stage regenerates the card, then publish runs again
         config2 = write_config(tmp / "config.yaml", publish={"repo": HUB_REPO, "push": True},
                                device_numbers={"decode tok/s (iPhone 17 Pro)": 25})
-        card_run = _run(CARD, env, ["--config-file", str(config2), "--model", MODEL, "--results", str(results),
+        card_run = _run(CARD, env, ["--config-file", str(config2), "--model", MODEL, *publish_args(results),
                                     "--out", str(results / MODEL / "card" / "README.md"),
                                     "--log", str(logs / "card.log")], tmp)
         assert card_run["rc"] == 0, card_run
@@ -419,7 +424,7 @@ def test_an_unreadable_remote_card_is_a_one_line_error_and_nothing_is_pushed(tmp
         head = hub.add_repo(HUB_REPO, {"README.md": "maintainer card\n"})
         hub.fail("GET", "*/resolve/*", 500, times=50)
         run = _run(PUBLISH, client_env(hub, tmp_path / "hf_home", HF_TOKEN=TOKEN),
-                   ["--config-file", str(config), "--model", MODEL, "--results", str(results),
+                   ["--config-file", str(config), "--model", MODEL, *publish_args(results),
                     "--out", str(tmp_path / "publish")], tmp_path)
         assert hub.head(HUB_REPO) == head  # never overwrite a card it could not read
     assert TOKEN not in run["stdout"] + run["stderr"]

@@ -1,0 +1,408 @@
+"""Byte-reproducible Core AI exports and universal lowerings (coreai-core 1.0.0b3).
+
+Every patch of coreai-* internals lives here, scoped by a context manager and undone on exit.
+What made two builds of identical weights differ, and what removes it:
+
+* op-name suffixes (``layer_norm_ppcmsyzh``): ``secrets.choice`` imported as ``choice`` into
+  ``coreai.authoring.{graph_builder,func,metal}``; the ``secrets.randbits(64)`` default of
+  ``record_id`` in ``coreai._compiler.dialects.debuginfo.ops.record``; ``uuid4`` in
+  ``coreai_torch.externalize``. Within :func:`export_scope` they draw from a ``random.Random``
+  seeded from the bundle's name (str seeds are hashed with SHA-512, not ``hash()``, so
+  PYTHONHASHSEED does not matter).
+* ``resource_<n>`` weight-blob names: made in native ``create_elements_attr`` from a hash seeded
+  by a load address (ASLR). They only exist as keys in the MLIR bytecode's string section, so
+  :func:`canonicalize_resource_names` renames them ``resource_0, resource_1, ...`` in the order
+  of the resource section, right after coreai writes ``main.mlirb`` and before it hashes it into
+  ``main.hash``. No address tricks: the names no longer depend on the host.
+* ``metadata.json`` key order: a Swift dictionary, hashed with a per-process seed unless
+  ``SWIFT_DETERMINISTIC_HASHING=1`` is in the environment when ``libswiftCore`` loads (its global
+  constructor reads it). Importing this module (and ``rwkv7_coreai``) sets it;
+  :func:`swift_hashing_deterministic` reads the flag from the loaded runtime itself.
+* the universal ``.odix``: the register resets (``odix.load_imm %r {imm = 0 : i64}``) that end
+  each ``odix.region`` come out of native ``compile_to_binary`` in heap-address order. Within
+  :func:`lowering_scope` :func:`canonicalize_register_resets` gives them their registers in
+  definition order before ``serialize_module`` writes the file (a set of independent resets to
+  zero; the ops themselves stay where they are, each carries a positional op id).
+
+``tests/test_reproducible.py`` checks every assumption listed in :data:`ASSUMPTIONS` against the
+installed coreai and fails with its text when an upgrade breaks one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import importlib.util
+import inspect
+import io
+import logging
+import os
+import random
+import re
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .errors import PipelineError
+
+SWIFT_HASHING_ENV = "SWIFT_DETERMINISTIC_HASHING"
+os.environ.setdefault(SWIFT_HASHING_ENV, "1")  # effective only if libswiftCore is not loaded yet
+
+log = logging.getLogger(__name__)
+
+ASSET = "coreai.authoring.asset"
+CHOICE_SITES = ("coreai.authoring.graph_builder", "coreai.authoring.func", "coreai.authoring.metal")
+DEBUGINFO_OPS = "coreai._compiler.dialects.debuginfo.ops"
+EXTERNALIZE = "coreai_torch.externalize"
+
+# (assumption, check) pairs: what the patches rely on; each check returns True when it holds.
+ASSUMPTIONS: list[tuple[str, Callable[[], bool]]] = []
+
+
+def assumption(text: str):
+    def register(check: Callable[[], bool]) -> Callable[[], bool]:
+        ASSUMPTIONS.append((text, check))
+        return check
+    return register
+
+
+def _mod(name: str):
+    return importlib.import_module(name)
+
+
+def _source(obj) -> str:
+    return inspect.getsource(obj)
+
+
+for _site in CHOICE_SITES:
+    assumption(f"{_site} draws its random name suffixes from a module-level `choice` (from secrets import choice)")(
+        lambda site=_site: "from secrets import choice" in _source(_mod(site)) and callable(_mod(site).choice))
+
+
+@assumption("coreai.authoring.graph_builder._randomize_fn_name builds the suffix with choice(ascii_lowercase)")
+def _graph_builder_uses_choice() -> bool:
+    return "choice(ascii_lowercase)" in _source(_mod(CHOICE_SITES[0])._randomize_fn_name)
+
+
+@assumption(f"{DEBUGINFO_OPS}.record takes a keyword-only `record_id` whose default comes from secrets.randbits(64)")
+def _debuginfo_default() -> bool:
+    record = _mod(DEBUGINFO_OPS).record
+    return ("record_id" in (record.__kwdefaults__ or {})
+            and "record_id: int = secrets.randbits(64)" in _source(record))
+
+
+@assumption(f"{EXTERNALIZE} calls a module-level `uuid4` for its name suffixes")
+def _externalize_uuid() -> bool:
+    return _mod(EXTERNALIZE).uuid4 is uuid.uuid4 and "uuid4().hex" in _source(_mod(EXTERNALIZE))
+
+
+@assumption(f"{ASSET}.AIProgram._save_bytecode writes main.mlirb through the module-level "
+            "_serialize_module_to_bytecode(module, path, dialect_version=...) and save_asset hashes the file after it")
+def _bytecode_writer() -> bool:
+    asset = _mod(ASSET)
+    params = list(inspect.signature(asset._serialize_module_to_bytecode).parameters)
+    save = _source(asset.AIProgram.save_asset)
+    return (params == ["module", "path", "dialect_version"]
+            and "_serialize_module_to_bytecode(" in _source(asset.AIProgram._save_bytecode)
+            and save.index("self._save_bytecode(") < save.index("hashlib.sha256(bytecode)"))
+
+
+@assumption(f"{ASSET} writes MLIR bytecode version 6 (the layout canonicalize_resource_names parses)")
+def _bytecode_version() -> bool:
+    return _mod(ASSET)._CURRENT_BYTECODE_VERSION == 6
+
+
+@assumption(f"{ASSET}.AIModelAsset._write_odix runs compile_to_binary(module=...) and then the module-level "
+            "serialize_module_to_odix(module=..., path=...) on the same module")
+def _odix_writer() -> bool:
+    src = _source(_mod(ASSET).AIModelAsset._write_odix)
+    return (callable(getattr(_mod(ASSET), "serialize_module_to_odix", None))
+            and 0 <= src.find("compile_to_binary(") < src.find("serialize_module_to_odix(")
+            and "module=module" in src[src.find("serialize_module_to_odix("):])
+
+
+def _changed(what: str) -> PipelineError:
+    from . import toolchain
+
+    return PipelineError(f"coreai-core {toolchain.versions()['coreai-core']}", f"reproducible build: {what}",
+                         "install the pinned toolchain (make setup) or update rwkv7_coreai/reproducible.py "
+                         "(pytest tests/test_reproducible.py names the broken assumption)")
+
+
+@contextlib.contextmanager
+def _swap(module: str, name: str, make: Callable[[object], object]) -> Iterator[None]:
+    """Replace ``module.name`` by ``make(original)`` until the block exits."""
+    mod = _mod(module)
+    if not hasattr(mod, name):
+        raise _changed(f"{module}.{name} no longer exists")
+    original = getattr(mod, name)
+    setattr(mod, name, make(original))
+    try:
+        yield
+    finally:
+        setattr(mod, name, original)
+
+
+@contextlib.contextmanager
+def _swap_kwdefault(module: str, func: str, arg: str, value: object) -> Iterator[None]:
+    fn = getattr(_mod(module), func, None)
+    if fn is None or arg not in (fn.__kwdefaults__ or {}):
+        raise _changed(f"{module}.{func} has no keyword default {arg!r}")
+    original = fn.__kwdefaults__[arg]
+    fn.__kwdefaults__[arg] = value
+    try:
+        yield
+    finally:
+        fn.__kwdefaults__[arg] = original
+
+
+# --- Swift hashing (metadata.json key order) -------------------------------------------------
+
+def _libswiftcore() -> Path | None:
+    spec = importlib.util.find_spec("coreai")  # locates the package without importing (loading) it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(spec.submodule_search_locations[0]) / "runtime" / "lib" / "swift" / "linux" / "libswiftCore.so"
+
+
+def swift_hashing_deterministic() -> bool | None:
+    """Whether the Swift runtime in this process hashes deterministically: read from its
+    ``_swift_stdlib_Hashing_parameters`` (seed0, seed1, deterministic) if it is loaded, else
+    from the environment it will read. None if that cannot be told (no such library/symbol)."""
+    path = _libswiftcore()
+    if path is None or not path.is_file():
+        return None
+    try:
+        lib = ctypes.CDLL(str(path), mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return os.environ.get(SWIFT_HASHING_ENV) == "1"  # not loaded yet: it will read the environment
+    try:
+        params = ctypes.c_uint8.in_dll(lib, "_swift_stdlib_Hashing_parameters")
+    except ValueError:
+        return None
+    return bool(ctypes.c_uint8.from_address(ctypes.addressof(params) + 16).value)
+
+
+def _warn_swift_hashing() -> None:
+    if swift_hashing_deterministic() is False:
+        log.warning("metadata.json key order will vary: the Swift runtime was loaded without %s=1 "
+                    "(import rwkv7_coreai before coreai, or set it in the environment)", SWIFT_HASHING_ENV)
+
+
+# --- MLIR bytecode: canonical resource names ---------------------------------------------------
+
+MAGIC = b"ML\xefR"
+SECTION_STRING, SECTION_RESOURCE_OFFSET = 0, 6
+ALIGNMENT_BYTE = 0xCB
+RESOURCE_NAME = re.compile(rb"resource_\d+")
+
+
+def _read_varint(buf: io.BufferedIOBase) -> int:
+    """MLIR bytecode's PrefixVarInt: the first byte's trailing zeros say how many bytes follow."""
+    first = buf.read(1)[0]
+    if first == 0:
+        return int.from_bytes(buf.read(8), "little")
+    n = (first & -first).bit_length()
+    return int.from_bytes(bytes([first]) + buf.read(n - 1), "little") >> n
+
+
+def _varint(value: int) -> bytes:
+    for n in range(1, 9):
+        if value >> (7 * n) == 0:
+            return (((value << 1) | 1) << (n - 1)).to_bytes(n, "little")
+    return b"\0" + value.to_bytes(8, "little")
+
+
+def _sections(fh) -> list[dict]:
+    """The file's sections: id, offset of the section header, data offset, size, alignment."""
+    end, out = fh.seek(0, os.SEEK_END), []
+    fh.seek(0)
+    if fh.read(4) != MAGIC:
+        raise ValueError("not MLIR bytecode")
+    _read_varint(fh)  # bytecode version
+    while fh.read(1) not in (b"\0", b""):  # producer string
+        pass
+    pos = fh.tell()
+    while pos < end:
+        code = fh.read(1)[0]
+        size = _read_varint(fh)
+        align = 1
+        if code & 0x80:
+            align = _read_varint(fh)
+            while fh.tell() % align:
+                if fh.read(1)[0] != ALIGNMENT_BYTE:
+                    raise ValueError("bad section alignment padding")
+        data = fh.tell()
+        out.append({"id": code & 0x7F, "header": pos, "data": data, "size": size, "align": align})
+        pos = fh.seek(data + size)
+    if pos != end:
+        raise ValueError("sections overrun the file")
+    return out
+
+
+def _emit_section(offset: int, sid: int, data: bytes, align: int) -> bytes:
+    """A section as MLIR's writer emits it at ``offset`` (padding only when not aligned already)."""
+    head = bytes([sid]) + _varint(len(data))
+    if align > 1 and (offset + len(head)) % align:
+        head = bytes([sid | 0x80]) + head[1:] + _varint(align)
+        head += bytes([ALIGNMENT_BYTE]) * (-(offset + len(head)) % align)
+    return head + data
+
+
+def _parse_strings(data: bytes) -> list[bytes]:
+    buf = io.BytesIO(data)
+    sizes = [_read_varint(buf) for _ in range(_read_varint(buf))][::-1]
+    strings = [buf.read(n) for n in sizes]
+    if any(s[-1:] != b"\0" for s in strings) or buf.read():
+        raise ValueError("malformed string section")
+    return [s[:-1] for s in strings]
+
+
+def _encode_strings(strings: list[bytes]) -> bytes:
+    return (_varint(len(strings)) + b"".join(_varint(len(s) + 1) for s in reversed(strings))
+            + b"".join(s + b"\0" for s in strings))
+
+
+def _resource_keys(data: bytes) -> list[int]:
+    """String indices of every resource key, in the order of the resource section."""
+    buf, keys = io.BytesIO(data), []
+
+    def group() -> None:
+        _read_varint(buf)  # group key: a string (external groups) or a dialect number
+        for _ in range(_read_varint(buf)):
+            keys.append(_read_varint(buf))
+            _read_varint(buf)  # size
+            buf.read(1)  # kind
+    for _ in range(_read_varint(buf)):
+        group()
+    while buf.tell() < len(data):
+        group()
+    return keys
+
+
+def canonicalize_resource_names(path: Path) -> int:
+    """Rename the ``resource_<n>`` blob keys of an MLIR bytecode file to ``resource_<i>`` (i in
+    resource-section order), in place. Only the string section and what follows it are
+    rewritten (the weights before it are not touched). Returns how many names changed."""
+    with open(path, "r+b") as fh:
+        secs = _sections(fh)
+        by_id = {s["id"]: s for s in secs}
+        if len(by_id) != len(secs) or SECTION_STRING not in by_id or SECTION_RESOURCE_OFFSET not in by_id:
+            raise ValueError("expected exactly one string and one resource-offset section")
+
+        def data(sec: dict) -> bytes:
+            fh.seek(sec["data"])
+            return fh.read(sec["size"])
+
+        strings_sec = by_id[SECTION_STRING]
+        raw = data(strings_sec)
+        strings = _parse_strings(raw)
+        if _encode_strings(strings) != raw:
+            raise ValueError("string section does not re-encode byte for byte")
+        renamed: dict[int, bytes] = {}
+        for key in _resource_keys(data(by_id[SECTION_RESOURCE_OFFSET])):
+            if key not in renamed and RESOURCE_NAME.fullmatch(strings[key]):
+                renamed[key] = b"resource_%d" % len(renamed)
+        others = {s for i, s in enumerate(strings) if i not in renamed}
+        if others & set(renamed.values()):
+            raise ValueError("a canonical resource name is already used by another string")
+        changed = sum(1 for i, name in renamed.items() if strings[i] != name)
+        strings = [renamed.get(i, s) for i, s in enumerate(strings)]
+
+        tail = [s for s in secs if s["header"] >= strings_sec["header"]]
+        payload = {s["header"]: (_encode_strings(strings) if s is strings_sec else data(s)) for s in tail}
+        offset = strings_sec["header"]
+        fh.seek(offset)
+        for sec in tail:
+            chunk = _emit_section(offset, sec["id"], payload[sec["header"]], sec["align"])
+            fh.write(chunk)
+            offset += len(chunk)
+        fh.truncate(offset)
+    return changed
+
+
+# --- ODIX: canonical register resets ----------------------------------------------------------
+
+def _is_zero_reset(op) -> bool:
+    if op.name != "odix.load_imm" or len(op.operands) != 1 or len(op.results) != 0:
+        return False
+    return {a.name: str(a.attr) for a in op.attributes} == {"imm": "0 : i64"}
+
+
+def canonicalize_register_resets(module) -> int:
+    """In every ``odix.region`` of every ``odix.function``, give the trailing run of register
+    resets (``odix.load_imm %r {imm = 0 : i64}``) their registers in definition order. Returns
+    the number of resets seen. The multiset of reset registers is unchanged, and so is each op."""
+    from coreai._compiler.ir import WalkOrder, WalkResult
+
+    # Walk plain Operations: iterating a block builds an OpView per op, and each tries (and
+    # fails) to import a Python module for the odix dialect (~0.2 ms per op).
+    in_block: dict = {}
+
+    def visit(op):
+        in_block.setdefault(op.block, []).append(op)
+        return WalkResult.ADVANCE
+
+    seen = 0
+    for fn in (op.operation for op in module.body.operations if op.operation.name == "odix.function"):
+        fn.walk(visit, walk_order=WalkOrder.PRE_ORDER)
+        body = fn.regions[0].blocks[0]
+        order = {arg: (0, arg.arg_number) for arg in body.arguments}
+        for i, op in enumerate(in_block.get(body, [])):
+            order.update((res, (1, i)) for res in op.results)
+        for region in (op for op in in_block.get(body, []) if op.name == "odix.region"):
+            ops = in_block.get(region.regions[0].blocks[0], [])
+            start = len(ops)
+            while start > 0 and _is_zero_reset(ops[start - 1]):
+                start -= 1
+            resets = ops[start:]
+            for op, reg in zip(resets, sorted((op.operands[0] for op in resets), key=lambda v: order[v])):
+                if op.operands[0] != reg:
+                    op.operands[0] = reg
+            seen += len(resets)
+    return seen
+
+
+# --- the scopes -------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def export_scope(seed: str) -> Iterator[None]:
+    """Within the block, a coreai-torch conversion + ``save_asset`` is a function of its inputs
+    and ``seed`` (use something that names the bundle; never a path or a time)."""
+    _warn_swift_hashing()
+    rng = random.Random(f"rwkv7-coreai export {seed}")
+
+    def canonical_writer(original):
+        def write(module, path, dialect_version):
+            original(module, path, dialect_version=dialect_version)
+            try:
+                canonicalize_resource_names(Path(path))
+            except ValueError as exc:
+                raise _changed(f"main.mlirb is not the bytecode this module understands ({exc})") from None
+        return write
+
+    with contextlib.ExitStack() as stack:
+        for site in CHOICE_SITES:
+            stack.enter_context(_swap(site, "choice", lambda _: rng.choice))
+        stack.enter_context(_swap_kwdefault(DEBUGINFO_OPS, "record", "record_id", rng.getrandbits(64)))
+        stack.enter_context(_swap(EXTERNALIZE, "uuid4", lambda _: lambda: uuid.UUID(int=rng.getrandbits(128), version=4)))
+        stack.enter_context(_swap(ASSET, "_serialize_module_to_bytecode", canonical_writer))
+        yield
+
+
+@contextlib.contextmanager
+def lowering_scope() -> Iterator[None]:
+    """Within the block, ``AIModelAsset._write_odix`` writes a ``.odix`` that is a function of
+    the bundle alone."""
+
+    def canonical_serializer(original):
+        def serialize(*args, **kwargs):
+            module = kwargs["module"] if "module" in kwargs else args[0]
+            canonicalize_register_resets(module)
+            return original(*args, **kwargs)
+        return serialize
+
+    with _swap(ASSET, "serialize_module_to_odix", canonical_serializer):
+        yield
+

@@ -1,0 +1,37 @@
+"""Every file a stage reads is an input its rule declares (so Snakemake and DVC rerun it when
+that file changes). The stages of the session's tiny results tree ran under an audit hook that
+logged each opened file (tests/conftest.py); here each is matched against the DAG job's inputs
+and outputs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from rwkv7_coreai import dag
+
+TEMP = re.compile(r"/\.[^/]+\.tmp/")  # fsutil.atomic_path's temporary sibling: .<name>.<random>.tmp/<name>
+
+
+def _declared(job: dict, results: Path) -> list[Path]:
+    return [results / Path(p).relative_to("results") for p in job["deps"] + job["outs"]]
+
+
+def test_every_file_a_stage_opens_is_a_declared_input_or_output(tiny_results, opened_files, repo_root):
+    jobs = {dag.stage_name(j): j for j in dag.snakemake_jobs(repo_root)}
+    results = tiny_results.resolve()
+    package = repo_root / "rwkv7_coreai"
+    checked, undeclared = 0, []
+    for label, opened in sorted(opened_files.by_label.items()):
+        declared = _declared(jobs[label], results)
+        for raw in sorted(opened):
+            path = Path(TEMP.sub("/", raw))
+            if results in path.parents:
+                checked += 1
+                if not any(path == d or d in path.parents for d in declared):
+                    undeclared.append(f"{label}: {path.relative_to(results)}")
+            elif repo_root in path.parents and package not in path.parents and ".venv" not in path.parts:
+                undeclared.append(f"{label}: {path.relative_to(repo_root)} (a repository file)")
+    assert set(opened_files.by_label) == {n for n, j in jobs.items() if j["cmd"]}, "every stage ran under the audit"
+    assert checked > 30, "the audit saw too few reads: is the hook recording?"
+    assert undeclared == [], "files read but not declared as inputs:\n" + "\n".join(undeclared)

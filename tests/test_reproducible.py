@@ -1,0 +1,268 @@
+"""Byte-reproducible bundles and lowerings (rwkv7_coreai/reproducible.py).
+
+* every assumption the patches make about coreai's internals still holds (else: which one broke);
+* two builds of the default model in two fresh processes, other working directories, other
+  PYTHONHASHSEEDs, address randomisation on, give byte-identical files (export + lowering);
+* the reproducible bundle runs exactly like an unpatched one, and each canonicalisation is
+  checked against MLIR's own reader/printer on an unpatched bundle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rwkv7_coreai import reproducible
+from rwkv7_coreai.errors import PipelineError
+from rwkv7_coreai.fsutil import tree_manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "rwkv7-tiny"
+RECIPES = ("fp32", "int8keepproj")
+
+# One clean build in a fresh interpreter, through the stage entry points (as scripts/*.py).
+BUILD = """
+import sys
+from rwkv7_coreai import cli
+config, source, out = sys.argv[1:4]
+for recipe in sys.argv[4:]:
+    base = ["--config-file", config, "--model", "{model}", "--recipe", recipe]
+    assert cli.export([*base, "--source", source, "--out", f"{{out}}/export/{{recipe}}"]) == 0
+    assert cli.aot([*base, "--target", "universal", "--export", f"{{out}}/export/{{recipe}}",
+                    "--out", f"{{out}}/aot/universal/{{recipe}}"]) == 0
+""".format(model=MODEL)
+
+
+@pytest.mark.parametrize("text,check", reproducible.ASSUMPTIONS, ids=[t for t, _ in reproducible.ASSUMPTIONS])
+def test_coreai_still_does_what_the_patches_rely_on(text, check):
+    try:
+        ok = check()
+    except Exception as exc:  # noqa: BLE001 - a vanished attribute is exactly what we report
+        ok, text = False, f"{text} ({type(exc).__name__}: {exc})"
+    assert ok, f"coreai changed, reproducible bundles are no longer guaranteed: NOT TRUE ANY MORE: {text}"
+
+
+def test_a_changed_coreai_is_reported(monkeypatch):
+    """The checks can fail, and a patch point that vanished stops the export with one line."""
+    import coreai.authoring.asset as asset
+    import coreai.authoring.graph_builder as gb
+
+    def _write_odix(self, output_directory):  # a coreai that lowers some other way
+        return output_directory
+
+    monkeypatch.setattr(asset.AIModelAsset, "_write_odix", _write_odix)
+    failing = [text for text, check in reproducible.ASSUMPTIONS if not check()]
+    assert failing == [t for t, _ in reproducible.ASSUMPTIONS if "_write_odix" in t]
+    import coreai.authoring.metal as metal
+    import secrets
+
+    monkeypatch.delattr(metal, "choice")
+    with pytest.raises(PipelineError, match=r"coreai-core .*: reproducible build: coreai\.authoring\.metal\.choice no longer exists"):
+        with reproducible.export_scope("x"):
+            pass
+    assert gb.choice is secrets.choice  # what was patched before the failure is undone
+
+
+def test_scopes_restore_what_they_patch():
+    import coreai.authoring.asset as asset
+    import coreai.authoring.graph_builder as gb
+    import secrets
+
+    before = (gb.choice, asset._serialize_module_to_bytecode, asset.serialize_module_to_odix)
+    with reproducible.export_scope("a"):
+        names = [gb._randomize_fn_name("f") for _ in range(3)]
+        assert gb.choice is not secrets.choice
+    with reproducible.export_scope("a"):
+        assert [gb._randomize_fn_name("f") for _ in range(3)] == names
+    with reproducible.export_scope("b"):
+        assert [gb._randomize_fn_name("f") for _ in range(3)] != names
+    with reproducible.lowering_scope():
+        assert asset.serialize_module_to_odix is not before[2]
+    assert (gb.choice, asset._serialize_module_to_bytecode, asset.serialize_module_to_odix) == before
+
+
+def test_swift_runtime_hashes_deterministically():
+    """metadata.json's key order: this process imported rwkv7_coreai before coreai, as every stage does."""
+    import coreai.runtime  # noqa: F401 - loads libswiftCore
+
+    assert reproducible.swift_hashing_deterministic() is True
+
+
+def _unpatched_build(source: Path, recipes: dict, top: Path) -> None:
+    """Export and lower with every patch switched off (as before reproducible.py existed)."""
+    from rwkv7_coreai.coreai_runtime import lower_universal
+    from rwkv7_coreai.export import export_recipe
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(reproducible, "export_scope", lambda seed: contextlib.nullcontext())
+        mp.setattr(reproducible, "lowering_scope", contextlib.nullcontext)
+        for recipe in RECIPES:
+            bundle = f"{MODEL}-{recipe}"
+            export_recipe(source, recipe, recipes[recipe], bundle, top / "export" / recipe)
+            lowered = top / "aot" / "universal" / recipe / f"{bundle}.aimodelx"
+            lowered.mkdir(parents=True)
+            lower_universal(top / "export" / recipe / f"{bundle}.aimodel", lowered)
+
+
+@pytest.fixture(scope="module")
+def builds(tiny_source, cfg, tmp_path_factory) -> dict[str, Path]:
+    """The default model's fp32 and int8keepproj, exported and lowered: twice by the stage entry
+    points in two fresh processes (other working directories and PYTHONHASHSEEDs), and once in
+    this process with the patches off, all three at the same time."""
+    procs = {}
+    for seed in ("1", "4242"):
+        top = tmp_path_factory.mktemp(f"build-seed{seed}")
+        (top / "cwd").mkdir()
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
+        env.pop(reproducible.SWIFT_HASHING_ENV, None)  # the package must set it itself
+        procs[top / "out"] = subprocess.Popen(
+            [sys.executable, "-c", BUILD, str(ROOT / "config.yaml"), str(tiny_source), str(top / "out"), *RECIPES],
+            cwd=top / "cwd", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    unpatched = tmp_path_factory.mktemp("unpatched")
+    try:
+        _unpatched_build(tiny_source, cfg["recipes"], unpatched)
+    finally:
+        logs = {out: proc.communicate(timeout=900)[0] for out, proc in procs.items()}
+    for out, proc in procs.items():
+        assert proc.returncode == 0, logs[out][-3000:]
+        assert "metadata.json key order will vary" not in logs[out]
+    first, second = procs
+    return {"first": first, "second": second, "unpatched": unpatched}
+
+
+@pytest.fixture(scope="module")
+def two_builds(builds) -> list[Path]:
+    return [builds["first"], builds["second"]]
+
+
+@pytest.fixture(scope="module")
+def unpatched(builds) -> Path:
+    return builds["unpatched"]
+
+
+def test_two_clean_builds_are_byte_identical(two_builds, tiny_source):
+    a, b = (tree_manifest(d) for d in two_builds)
+    for recipe in RECIPES:
+        assert f"export/{recipe}/rwkv7-tiny-{recipe}.aimodel/main.mlirb" in a
+        assert f"aot/universal/{recipe}/rwkv7-tiny-{recipe}.aimodelx/main-universal.odix" in a
+    assert sorted(a) == sorted(b)
+    differing = [rel for rel in a if a[rel]["sha256"] != b[rel]["sha256"]]
+    assert not differing, f"files differ between two clean builds: {differing}"
+    records = [rel for rel in a if Path(rel).name in ("export.json", "aot.json")]
+    assert len(records) == 2 * len(RECIPES)
+    for rel in records:  # ours: no absolute paths, no timings (they would differ between machines)
+        text = (two_builds[0] / rel).read_text()
+        for path in (*two_builds, tiny_source, ROOT):
+            assert str(path) not in text, f"{rel} holds the absolute path {path}"
+        keys = re.findall(r'"([^"]+)"\s*:', text)
+        timed = [k for k in keys if re.search(r"(^|_)(seconds|time|timestamp|date|duration)($|_)", k, re.I)]
+        assert not timed, f"{rel} holds timings: {timed}"
+
+
+def _bundle(root: Path, recipe: str) -> Path:
+    return root / "export" / recipe / f"{MODEL}-{recipe}.aimodel"
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_reproducible_bundle_runs_bit_identically_to_an_unpatched_one(recipe, two_builds, unpatched):
+    from rwkv7_coreai.coreai_runtime import DecodeSession
+
+    ours = _bundle(two_builds[0], recipe)
+    theirs = _bundle(unpatched, recipe)
+    names = _resource_names(ours / "main.mlirb")
+    assert names == {f"resource_{i}" for i in range(len(names))}  # canonical: the patches acted
+    assert not any(re.fullmatch(r"resource_\d{1,3}", n) for n in _resource_names(theirs / "main.mlirb"))
+    record = json.loads((ours.parent / "export.json").read_text())
+    shapes = {k: tuple(v) for k, v in record["states"].items()}
+    dtype = np.dtype({"float32": np.float32, "float16": np.float16}[record["state_dtype"]])
+    lowered = [two_builds[0] / "aot" / "universal" / recipe / f"{MODEL}-{recipe}.aimodelx",
+               unpatched / "aot" / "universal" / recipe / f"{MODEL}-{recipe}.aimodelx"]
+    with DecodeSession(lowered[0], shapes, dtype) as a, DecodeSession(lowered[1], shapes, dtype) as b:
+        for token in (0, 11, 4000, 65000):
+            la, lb = a.step(token), b.step(token)
+            assert np.isfinite(la).all() and la.std() > 0
+            np.testing.assert_array_equal(la, lb)
+        for name, state in a.state_arrays().items():
+            np.testing.assert_array_equal(state, b.state_arrays()[name])
+
+
+def _asm(module) -> str:
+    return module.operation.get_asm(large_elements_limit=8, large_resource_limit=8)
+
+
+def _load(mlirb: Path):
+    """The module as MLIR's own bytecode reader sees it."""
+    from coreai.authoring.asset import load_module_from_bytecode
+    from coreai.authoring.context import Context
+
+    return load_module_from_bytecode(context=Context()._mlir_context, path=mlirb)
+
+
+def _resource_names(mlirb: Path) -> set[str]:
+    return set(re.findall(r"dense_resource<(resource_\d+)>", _asm(_load(mlirb))))
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_resource_renaming_is_a_pure_renaming(recipe, unpatched, tmp_path):
+    """MLIR's own reader on the canonicalised file: the same IR up to a one-to-one renaming of
+    the resource keys, and not one byte before the string section touched."""
+    original = _bundle(unpatched, recipe) / "main.mlirb"
+    canonical = tmp_path / "main.mlirb"
+    shutil.copyfile(original, canonical)
+    assert reproducible.canonicalize_resource_names(canonical) > 0
+    copy = tmp_path / "again.mlirb"
+    shutil.copyfile(canonical, copy)
+    assert reproducible.canonicalize_resource_names(copy) == 0 and copy.read_bytes() == canonical.read_bytes()
+
+    with open(original, "rb") as fh:
+        head = next(s for s in reproducible._sections(fh) if s["id"] == reproducible.SECTION_STRING)["header"]
+    with open(original, "rb") as f1, open(canonical, "rb") as f2:
+        assert f1.read(head) == f2.read(head)
+
+    texts = [_asm(_load(p)) for p in (original, canonical)]
+    names = [re.findall(r"dense_resource<(resource_\d+)>", t) for t in texts]
+    assert len(names[0]) == len(names[1]) > 0
+    pairs = set(zip(*names))
+    assert len(pairs) == len({a for a, _ in pairs}) == len({b for _, b in pairs})  # one-to-one
+    assert {b for _, b in pairs} == {f"resource_{i}" for i in range(len(pairs))}
+    strip = [re.sub(r"resource_\d+", "resource_N", t) for t in texts]
+    assert strip[0] == strip[1]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_register_reset_canonicalisation_only_permutes_resets(recipe, unpatched, tmp_path):
+    """Printed by MLIR before and after: identical except the trailing resets of each region,
+    which hold the same registers (as a multiset), now in definition order."""
+    from coreai.authoring.asset import compile_to_binary
+
+    module = _load(_bundle(unpatched, recipe) / "main.mlirb")
+    compile_to_binary(module=module, output_directory=tmp_path, enable_debug_info=False)
+    before = _asm(module).splitlines()
+    assert reproducible.canonicalize_register_resets(module) > 100
+    after = _asm(module).splitlines()
+    reset = re.compile(r"^\s*odix\.load_imm %(\d+) \{imm = 0 : i64\}$")
+    assert len(before) == len(after)
+    changed = [i for i, (x, y) in enumerate(zip(before, after)) if x != y]
+    assert changed and all(reset.match(before[i]) and reset.match(after[i]) for i in changed)
+    runs, run = [], []
+    for i, line in enumerate(after):  # maximal runs of resets: compare each as a multiset
+        if reset.match(line):
+            run.append(i)
+        elif run:
+            runs.append(run)
+            run = []
+    for run in runs:
+        regs = [int(reset.match(after[i]).group(1)) for i in run]
+        assert Counter(regs) == Counter(int(reset.match(before[i]).group(1)) for i in run)
+        if set(run) & set(changed):
+            assert regs == sorted(regs)
