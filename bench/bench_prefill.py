@@ -34,6 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rwkv7_coreai.chunked import split_prompt  # noqa: E402
 from rwkv7_coreai.coreai_runtime import DecodeSession, lower_universal  # noqa: E402
 from rwkv7_coreai.errors import PipelineError  # noqa: E402
 from rwkv7_coreai.export import REPRODUCIBLE_EPOCH, example_inputs, state_writes  # noqa: E402
@@ -107,7 +108,7 @@ class PromptSession(DecodeSession):
     def feed(self, tokens) -> np.ndarray:
         """A whole prompt (at least one token); logits after its last token [V]."""
         tokens = list(tokens)
-        full = len(tokens) - len(tokens) % self.chunk
+        full = split_prompt(len(tokens), self.chunk)[0] * self.chunk
         logits = None
         for start in range(0, full, self.chunk):
             logits = self.prefill_chunk(tokens[start:start + self.chunk])

@@ -18,9 +18,9 @@ import yaml
 
 from .checkpoint import WEIGHT_FILE
 from .errors import PipelineError
+from .source import FRONT, front_matter
 
 BLOCK = re.compile(r"<!-- (?P<name>[\w-]+) begin -->\r?\n(?P<body>.*?)<!-- (?P=name) end -->", re.S)
-FRONT = re.compile(r"\A---\n.*?\n---\n", re.S)
 TAGS = ["coreai", "rwkv7", "rwkv", "linear-attention", "no-kv-cache", "text-generation"]
 TARGET_SUFFIX = {"linux": (".aimodelx", "Linux lowering for the Core AI runtime")}
 
@@ -55,12 +55,9 @@ def merge(existing: str | None, fresh: str) -> str:
 
 def source_license(source_dir: Path, fallback: str | None) -> str:
     readme = source_dir / "README.md"
-    if readme.is_file():
-        m = FRONT.match(readme.read_text(encoding="utf-8"))
-        if m:
-            meta = yaml.safe_load(m.group(0).strip("-\n")) or {}
-            if meta.get("license"):
-                return str(meta["license"])
+    meta = front_matter(readme) if readme.is_file() else {}
+    if meta.get("license"):
+        return str(meta["license"])
     if fallback:
         return fallback
     raise PipelineError(readme, "no license in the source card and none in config", "set models.<name>.license")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+import numpy as np
 import torch
 
 # The factorised products are formed for every (t, s) pair before the causal mask zeroes the
@@ -41,23 +42,30 @@ assert 64 * math.exp(math.exp(-0.5) * MAX_CHUNK) < torch.finfo(torch.float32).ma
 
 
 @lru_cache(maxsize=None)
-def _masks(T: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
-    """Constant [T,T] masks (graph constants once exported): strictly lower, lower with diagonal,
-    identity, and one doubling mask per level of :func:`unit_lower_inverse`."""
-    i = torch.arange(T).reshape(T, 1)
-    s = torch.arange(T).reshape(1, T)
-    levels = []
+def _mask_data(T: int) -> tuple[np.ndarray, ...]:
+    """[T,T] 0/1 masks as numpy: strictly lower, lower with diagonal, identity, then one doubling
+    mask per level of :func:`unit_lower_inverse`."""
+    i, s = np.arange(T).reshape(T, 1), np.arange(T).reshape(1, T)
+    masks = [i > s, i >= s, i == s]
     b = 1
     while b < T:
-        levels.append(((i > s) & (i // (2 * b) == s // (2 * b)) & (i // b != s // b)).to(dtype))
+        masks.append((i > s) & (i // (2 * b) == s // (2 * b)) & (i // b != s // b))
         b *= 2
-    return (i > s).to(dtype), (i >= s).to(dtype), (i == s).to(dtype), tuple(levels)
+    return tuple(m.astype(np.float64) for m in masks)
 
 
-def unit_lower_inverse(L: torch.Tensor) -> torch.Tensor:
-    """(I − L)⁻¹ for strictly lower-triangular L [..., T, T], by matmuls only (block doubling)."""
-    T = L.shape[-1]
-    _, _, eye, levels = _masks(T, L.dtype)
+def _masks(T: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The masks as fresh tensors (constants of the exported graph). Only the numpy data is
+    cached: a tensor made inside one torch.export trace is a fake tensor of that trace and
+    must not leak into the next one."""
+    strict, incl, eye, *levels = (torch.tensor(m, dtype=dtype) for m in _mask_data(T))
+    return strict, incl, eye, tuple(levels)
+
+
+def unit_lower_inverse(L: torch.Tensor, masks=None) -> torch.Tensor:
+    """(I − L)⁻¹ for strictly lower-triangular L [..., T, T], by matmuls only (block doubling).
+    ``masks``: the :func:`_masks` of L's size and dtype, if the caller has them already."""
+    _, _, eye, levels = masks or _masks(L.shape[-1], L.dtype)
     X = eye
     for mask in levels:
         X = X + torch.matmul(torch.matmul(X, L * mask), X)
@@ -76,7 +84,8 @@ def wkv_chunk(r, k, v, kk, a, logw, S, compute_dtype: torch.dtype | None = None)
     dt = compute_dtype or (torch.float64 if torch.float64 in (v.dtype, S.dtype) else torch.float32)
     r, k, v, kk, a, logw, S0 = (t.to(dt) for t in (r, k, v, kk, a, logw, S))
     T = r.shape[-2]
-    strict, incl, _, _ = _masks(T, dt)
+    masks = _masks(T, dt)
+    strict, incl = masks[:2]
     alpha = -kk * a
     c = torch.cumsum(logw, dim=-2)                # inclusive: decay up to and including token t
     c_ex = c - logw                               # exclusive: what u_t (read before token t's decay) sees
@@ -88,7 +97,7 @@ def wkv_chunk(r, k, v, kk, a, logw, S, compute_dtype: torch.dtype | None = None)
     alpha_g, k_g = alpha * grow, k * grow
     L_a = torch.matmul(kk_d, alpha_g.transpose(-1, -2)) * strict
     L_k = torch.matmul(kk_d, k_g.transpose(-1, -2)) * strict
-    U = torch.matmul(unit_lower_inverse(L_a),
+    U = torch.matmul(unit_lower_inverse(L_a, masks),
                      torch.matmul(kk * torch.exp(c_ex), S0) + torch.matmul(L_k, v))      # [H,T,V]
     o = (torch.matmul(r * torch.exp(c), S0)
          + torch.matmul(torch.matmul(r_d, alpha_g.transpose(-1, -2)) * incl, U)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from . import config as cfgmod
-from .errors import PipelineError, main_guard
+from .errors import main_guard
 from .paths import bundle_name
 
 log = logging.getLogger("rwkv7_coreai")
@@ -67,7 +67,6 @@ def source(argv=None) -> int:
 @main_guard
 def vocab(argv=None) -> int:
     from . import vocab as world
-    from .fsutil import sha256_file
     from .source import VOCAB_FILE
 
     ns = _parser("vocab", "model", "source", "out").parse_args(argv)
@@ -75,9 +74,8 @@ def vocab(argv=None) -> int:
     vc = s["vocab"]
     original = world.package_vocab(vc["package"], vc["version"], vc["file"], vc["sha256"])
     shipped = Path(ns.source) / VOCAB_FILE
-    if shipped.is_file() and sha256_file(shipped) != vc["sha256"]:
-        raise PipelineError(shipped, "the checkpoint's vocab differs from the pinned World vocab",
-                            "this model does not use the RWKV World tokenizer; it is not supported")
+    if shipped.is_file():
+        world.check_checkpoint_vocab(shipped, original)
     import pyrwkv_tokenizer
 
     report = world.bake(original, Path(ns.out), official=pyrwkv_tokenizer.RWKVTokenizer())

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -101,8 +100,3 @@ def main(argv: list[str] | None = None) -> int:
             return proc.returncode
     print(f"DVC: recorded the {len(names)} stage(s) this run built, of {len(stages)}")
     return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    os.environ.setdefault("DVC_NO_ANALYTICS", "1")
-    sys.exit(main())

@@ -36,15 +36,15 @@ def _free(path: str | Path) -> str:
     return "free space unknown"
 
 
-def as_pipeline_error(exc: BaseException, needed: str | None = None) -> PipelineError | None:
-    """The one-line form of an environmental failure (disk full, permissions), else None."""
+def as_pipeline_error(exc: BaseException) -> PipelineError | None:
+    """The one-line form of an environmental failure (disk full, permissions), else None.
+    (Outputs written through fsutil.atomic_path report a full disk with what they had written.)"""
     if isinstance(exc, PipelineError):
         return exc
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        where = exc.filename or "output"
-        need = f"; this stage needs about {needed}" if needed else ""
-        return PipelineError(where, f"no space left on device ({_free(where)}{need})",
-                             "free disk space (or point results: at a larger disk) and run again")
+        where = exc.filename or "a temporary file"
+        return PipelineError(where, f"no space left on device ({_free(where)})",
+                             "free disk space (or point TMPDIR / results: at a larger disk) and run again")
     if isinstance(exc, (PermissionError, IsADirectoryError, NotADirectoryError)) and exc.filename:
         return PipelineError(exc.filename, f"{exc.strerror.lower()}", "check the path and its permissions")
     return None
@@ -60,9 +60,6 @@ def _to_logs(text: str) -> None:
         h.flush()
 
 
-NEEDED: dict[str, str] = {}  # a stage may say how much disk it needs (shown on ENOSPC)
-
-
 def main_guard(fn: Callable[..., int | None]) -> Callable[..., int]:
     """Run an entry point: any failure becomes one line on stderr (and in the log), exit 1."""
 
@@ -74,7 +71,7 @@ def main_guard(fn: Callable[..., int | None]) -> Callable[..., int]:
             print("error: interrupted -- fix: run the stage again (its output was not written)", file=sys.stderr)
             return 130
         except Exception as exc:  # noqa: BLE001 - the point: never a traceback on the terminal
-            err = as_pipeline_error(exc, NEEDED.get("disk"))
+            err = as_pipeline_error(exc)
             if err is None:
                 logs = [h.baseFilename for h in _file_handlers()]
                 _to_logs(traceback.format_exc())

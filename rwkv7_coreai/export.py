@@ -86,7 +86,7 @@ def export_recipe(source_dir: Path, recipe_name: str, recipe: dict, bundle_dir: 
         if dtype != torch.float16:
             raise PipelineError(f"recipe {recipe_name}", "weight quantisation is only supported on a float16 graph",
                                 "set dtype: float16 for a quantised recipe")
-        module, layers = quantize.apply(module, q, recipe["dtype"], example_inputs())
+        module, layers = quantize.apply(module, q, recipe["dtype"], example_inputs(), recipe_name)
     with atomic_path(out_dir, directory=True) as tmp:
         aimodel = tmp / f"{bundle_dir}.aimodel"
         try:

@@ -7,6 +7,7 @@ end, so an interrupted or failing stage never leaves output that looks complete.
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import hashlib
 import json
@@ -73,6 +74,13 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+def disk_full(exc: BaseException) -> bool:
+    """An ENOSPC/EDQUOT, also when a writer (safetensors, coreai) reports it inside its own error."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return any(os.strerror(code) in str(exc) for code in (errno.ENOSPC, errno.EDQUOT))
+
+
 def remove_stale_temps(final: Path) -> list[Path]:
     """Temporaries of ``final`` left by a killed run (SIGKILL skips every cleanup)."""
     stale = sorted(final.parent.glob(f".{glob.escape(final.name)}.*.tmp"))
@@ -104,6 +112,14 @@ def atomic_path(final: str | Path, *, directory: bool = False) -> Iterator[Path]
         yield target
         _remove(final)
         os.replace(target, final)
+    except Exception as exc:  # noqa: BLE001 - writers (safetensors, coreai) wrap the OSError in their own types
+        if not disk_full(exc):
+            raise
+        written = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
+        free = shutil.disk_usage(final.parent).free
+        raise PipelineError(final, f"no space left on device: {written / 1e6:.1f} MB written before the disk filled, "
+                            f"{free / 1e6:.1f} MB free there", "free more than that much disk (or point results: at a "
+                            "larger disk) and run again; nothing was written") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

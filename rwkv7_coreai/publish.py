@@ -186,6 +186,11 @@ def push(out: Path, receipt: dict, repo: str, message: str, token: str) -> dict:
         head = remote_head(repo, token)  # merge into the card at this commit, and commit on top of it
         existing = remote_card(repo, token, head) if head else None
         (view / "README.md").write_text(merge(existing, card), encoding="utf-8")
+        staged = {rel: v for rel, v in tree_manifest(view).items() if rel != "README.md"}
+        bad = first_difference(staged, {rel: v for rel, v in receipt["files"].items() if rel != "README.md"})
+        if bad:  # the staged bundle must still be the gated bytes at the moment of upload
+            raise PipelineError(out / bad, "changed after it was staged and checked against its gate",
+                                "stage again (snakemake --forcerun stage_and_push); nothing was uploaded")
         result = upload_tree(repo, view, message=message, token=token, parent=head)
     receipt = {**receipt, "push": {"pushed": True, **result}}
     with atomic_path(out / RECEIPT) as tmp_receipt:

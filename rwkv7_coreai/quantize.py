@@ -52,7 +52,8 @@ def _op_config(q: dict) -> dict:
         "op_input_spec": None, "op_output_spec": None}
 
 
-def apply(module: nn.Module, q: dict, dtype_name: str, example_inputs: tuple) -> tuple[nn.Module, list[dict]]:
+def apply(module: nn.Module, q: dict, dtype_name: str, example_inputs: tuple,
+          recipe_name: str = "?") -> tuple[nn.Module, list[dict]]:
     """Quantise ``module`` per recipe; returns the finalised module and the plan."""
     from coreai_opt import ExportBackend
     from coreai_opt.quantization import Quantizer, QuantizerConfig
@@ -60,8 +61,10 @@ def apply(module: nn.Module, q: dict, dtype_name: str, example_inputs: tuple) ->
     rows = plan(module, q, dtype_name)
     chosen = [r["layer"] for r in rows if r["action"].startswith("int")]
     if not chosen:
-        raise PipelineError("recipe", "quantize matches no linear layer that can be quantised",
-                            "fix the include/exclude patterns or the block size of the recipe")
+        widths = sorted({r["shape"][1] for r in rows})
+        raise PipelineError(f"recipe {recipe_name}", f"quantize.include {q['include']} matches no linear layer that "
+                            f"can be quantised (input widths {widths[:6]}, block {q['block_size']})",
+                            f"fix recipes/{recipe_name}/quantize: include/exclude patterns or block_size")
     cfg = QuantizerConfig.from_dict({"quantization_config": {
         "execution_mode": "eager", "global_config": None, "module_type_configs": {},
         "module_name_configs": {re.escape(name): _op_config(q) for name in chosen}}})

@@ -373,12 +373,15 @@ def export_scope(seed: str) -> Iterator[None]:
     _warn_swift_hashing()
     rng = random.Random(f"rwkv7-coreai export {seed}")
 
+    def seeded_uuid4() -> uuid.UUID:
+        return uuid.UUID(int=rng.getrandbits(128), version=4)
+
     def canonical_writer(original):
         def write(module, path, dialect_version):
             original(module, path, dialect_version=dialect_version)
             try:
                 canonicalize_resource_names(Path(path))
-            except ValueError as exc:
+            except (ValueError, IndexError) as exc:
                 raise _changed(f"main.mlirb is not the bytecode this module understands ({exc})") from None
         return write
 
@@ -386,7 +389,7 @@ def export_scope(seed: str) -> Iterator[None]:
         for site in CHOICE_SITES:
             stack.enter_context(_swap(site, "choice", lambda _: rng.choice))
         stack.enter_context(_swap_kwdefault(DEBUGINFO_OPS, "record", "record_id", rng.getrandbits(64)))
-        stack.enter_context(_swap(EXTERNALIZE, "uuid4", lambda _: lambda: uuid.UUID(int=rng.getrandbits(128), version=4)))
+        stack.enter_context(_swap(EXTERNALIZE, "uuid4", lambda _: seeded_uuid4))
         stack.enter_context(_swap(ASSET, "_serialize_module_to_bytecode", canonical_writer))
         yield
 

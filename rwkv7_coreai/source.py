@@ -23,7 +23,7 @@ from .vocab import check_checkpoint_vocab, package_vocab
 
 VOCAB_FILE = "rwkv_vocab_v20230424.txt"
 MANIFEST = "manifest.json"
-FRONT = re.compile(r"\A---\n.*?\n---\n", re.S)  # a model card's YAML front matter (card.py: the same)
+FRONT = re.compile(r"\A---\n.*?\n---\n", re.S)  # a model card's YAML front matter
 # files of an HF snapshot we carry over besides the weights (the tokenizer and the card)
 CARRY = ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
          "added_tokens.json", VOCAB_FILE, "README.md")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -47,20 +48,23 @@ def fake_xcrun(tmp_path, monkeypatch):
 
 def test_device_command_line(export_dir, fake_xcrun, tmp_path):
     out = tmp_path / "aot" / "h18p" / "fp16"
-    aot.build_target(export_dir, "m-fp16", "h18p", {"kind": "device", "platform": "iOS"}, AOT_CFG, out)
+    aot.build_target(export_dir, "m-fp16", "fp16", "h18p", {"kind": "device", "platform": "iOS"}, AOT_CFG, out)
     argv = json.loads(fake_xcrun.read_text())
     assert argv[:3] == ["coreai-build", "compile", str(export_dir / "m-fp16.aimodel")]
     opts = dict(zip(argv[3::2], argv[4::2]))
     assert opts["--platform"] == "iOS" and opts["--architecture"] == "h18p"
     assert opts["--preferred-compute"] == "gpu" and opts["--min-deployment-version"] == "27.0"
     assert (out / "m-fp16.h18p.aimodelc").is_dir()
+    record = aot.read_record(out)  # what it was compiled from, and what it holds
+    assert record["from"] == {"main.mlirb": {"sha256": hashlib.sha256(b"ir").hexdigest(), "size": 2}}
+    assert record["target"] == "h18p" and record["recipe"] == "fp16" and record["product"] == "m-fp16.h18p.aimodelc"
 
 
 def test_no_xcrun_is_one_clear_line(export_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     out = tmp_path / "aot"
     with pytest.raises(PipelineError) as exc:
-        aot.build_target(export_dir, "m-fp16", "h18p", {"kind": "device", "platform": "iOS"}, AOT_CFG, out)
+        aot.build_target(export_dir, "m-fp16", "fp16", "h18p", {"kind": "device", "platform": "iOS"}, AOT_CFG, out)
     assert "xcrun not found: device compilation needs macOS with Xcode 27" in str(exc.value)
     assert not out.exists()
 
@@ -71,7 +75,7 @@ def test_compiler_failures_are_reported(export_dir, fake_xcrun, tmp_path, monkey
     monkeypatch.setenv(env, "1")
     out = tmp_path / "aot"
     with pytest.raises(PipelineError, match=needle):
-        aot.build_target(export_dir, "m-fp16", "h18p", {"kind": "device", "platform": "iOS"}, AOT_CFG, out)
+        aot.build_target(export_dir, "m-fp16", "fp16", "h18p", {"kind": "device", "platform": "iOS"}, AOT_CFG, out)
     assert not out.exists()
 
 
@@ -83,4 +87,4 @@ def test_unknown_architecture_is_refused_before_running_xcrun(export_dir, fake_x
 
 def test_missing_export_is_reported(tmp_path):
     with pytest.raises(PipelineError, match="export bundle is missing"):
-        aot.build_target(tmp_path, "m-fp16", "universal", {"kind": "linux"}, AOT_CFG, tmp_path / "o")
+        aot.build_target(tmp_path, "m-fp16", "fp16", "universal", {"kind": "linux"}, AOT_CFG, tmp_path / "o")

@@ -116,7 +116,7 @@ def render_card(work, config: Path | None = None, *, out: Path | None = None, ca
     _RUNS[0] += 1
     out = out or work["tmp"] / "out" / f"card{_RUNS[0]}" / "README.md"
     rc = cli.card(["--config-file", str(config or work["config"]), "--model", MODEL,
-                   *card_args(work), "--out", str(out)])
+                   *card_args(work, config), "--out", str(out)])
     if capsys is not None:
         captured = capsys.readouterr()
         assert rc == 0, captured.err
@@ -124,10 +124,12 @@ def render_card(work, config: Path | None = None, *, out: Path | None = None, ca
     return out.read_text(encoding="utf-8")
 
 
-def card_args(work) -> list[str]:
-    """The card rule's inputs for the copied results; cards/<model>.md when a test made one."""
+def card_args(work, config: Path | None = None) -> list[str]:
+    """The card rule's inputs for the copied results and the recipes of ``config``;
+    cards/<model>.md when a test made one."""
+    recipes = yaml.safe_load(Path(config or work["config"]).read_text())["models"][MODEL]["recipes"]
     curated = Path("cards") / f"{MODEL}.md"  # relative to the work cwd, as the rule declares it
-    return stage_args("card", work["results"], MODEL, RECIPES) + (["--curated", str(curated)] if curated.is_file() else [])
+    return stage_args("card", work["results"], MODEL, recipes) + (["--curated", str(curated)] if curated.is_file() else [])
 
 
 def model_dir(work) -> Path:
@@ -216,7 +218,7 @@ def test_license_is_inherited_from_the_source_card(work, capsys):
     # neither: a one-line error naming the source card, no card written
     config = write_config(work["cwd"] / "nolic.yaml", license=None)
     out = work["tmp"] / "nolic" / "README.md"
-    rc = cli.card(["--config-file", str(config), "--model", MODEL, *card_args(work),
+    rc = cli.card(["--config-file", str(config), "--model", MODEL, *card_args(work, config),
                    "--out", str(out)])
     err = capsys.readouterr().err
     assert rc == 1 and err.startswith("error: ") and err.count("\n") == 1, err
@@ -387,9 +389,9 @@ def test_build_date_is_reproducible(work, monkeypatch, capsys):
 
 def test_build_date_without_epoch_is_the_config_commit_date(monkeypatch):
     monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
-    date = c.build_date(REPO_ROOT)
+    date = c.build_date(str(REPO_ROOT / "config.yaml"))
     assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", date) or date.startswith("unknown"), date
-    assert c.build_date(REPO_ROOT) == date
+    assert c.build_date(f"{REPO_ROOT / 'config.yaml'} + other.yaml") == date  # the first of the merged files
 
 
 # --- the CLI end to end --------------------------------------------------------------------------------

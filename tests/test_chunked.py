@@ -382,3 +382,15 @@ def test_runtime_prefill_then_decode(tiny, token_by_token, bundles, name):
             ref_logits = ref.step(pick, ref_state)     # teacher-forced on the reference's pick
             logits = torch.from_numpy(s.step(pick))
             assert (logits - ref_logits).abs().max().item() <= tol_logits, step
+
+
+def test_prefill_exports_twice_in_one_process():
+    """The chunk's mask constants are made per trace: a second torch.export of the same chunk
+    size must not meet tensors left over from the first trace (it did with cached tensors)."""
+    from rwkv7_coreai.geometry import Geometry
+
+    g = Geometry(layers=1, hidden=64, head_dim=64, ffn=64, vocab=8, decay_lora=4, a_lora=4, v_lora=4, gate_lora=4)
+    for _ in range(2):
+        prefill = build_prefill(export_graph.RWKV7Decode(g), 8)
+        ep = torch.export.export(prefill, prefill_example_inputs(8))
+        assert export.state_writes(ep) == {"recState": 1, "shiftState": 1}

@@ -51,8 +51,8 @@ def test_exclude_wins_over_include(module):
 
 def test_recipe_that_matches_nothing_is_an_error(module):
     q = {"bits": 8, "block_size": 4096, "axis": 1, "include": [".*"], "exclude": []}
-    with pytest.raises(PipelineError, match="matches no linear layer that can be quantised"):
-        quantize.apply(module, q, "float16", export.example_inputs())
+    with pytest.raises(PipelineError, match=r"recipe odd: quantize.include .* matches no linear layer that can be quantised"):
+        quantize.apply(module, q, "float16", export.example_inputs(), "odd")
 
 
 def test_quantising_an_fp32_graph_is_refused(tiny_source, tmp_path):
@@ -71,7 +71,7 @@ def test_unknown_recipe_on_the_command_line(tiny_source, tmp_path, capsys, repo_
     rc = cli.export(["--config-file", str(repo_root / "config.yaml"), "--model", "rwkv7-tiny", "--recipe", "int3",
                      "--source", str(tiny_source), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip()
-    assert rc == 1 and err == ("error: config: unknown recipe 'int3' -- fix: use one of "
+    assert rc == 1 and err == (f"error: {repo_root / 'config.yaml'}: unknown recipe 'int3' -- fix: use one of "
                                "['fp16', 'fp32', 'int4keepproj', 'int8', 'int8keepproj']")
 
 

@@ -43,8 +43,8 @@ def build_and_gate(tmp_path, cfg, tiny_source, stream_path, corrupt=None):
     export_recipe(tiny_source, "fp32", cfg["recipes"]["fp32"], BUNDLE, export_dir)
     if corrupt:
         corrupt(export_dir / f"{BUNDLE}.aimodel")
-    build_target(export_dir, BUNDLE, "universal", cfg["targets"]["universal"], cfg["aot"], aot_dir)
-    return gate_bundle("rwkv7-tiny", "fp32", export_dir, aot_dir, stream_path, settings(cfg), BUNDLE,
+    build_target(export_dir, BUNDLE, "fp32", "universal", cfg["targets"]["universal"], cfg["aot"], aot_dir)
+    return gate_bundle("rwkv7-tiny", "fp32", export_dir, aot_dir, stream_path, settings(cfg),
                        tmp_path / "gate.json", tmp_path / "gate.tsv")
 
 
@@ -121,7 +121,7 @@ def test_gate_cli_exits_nonzero_and_writes_no_output(tmp_path, cfg, tiny_source,
     monkeypatch.setattr(export_graph, "NEG_EXP_HALF", math.exp(-0.5))
     export_dir, aot_dir = tmp_path / "export", tmp_path / "aot"
     export_recipe(tiny_source, "fp32", cfg["recipes"]["fp32"], BUNDLE, export_dir)
-    build_target(export_dir, BUNDLE, "universal", cfg["targets"]["universal"], cfg["aot"], aot_dir)
+    build_target(export_dir, BUNDLE, "fp32", "universal", cfg["targets"]["universal"], cfg["aot"], aot_dir)
     conf = tmp_path / "config.yaml"
     conf.write_text((cfg_path := os.path.join(os.path.dirname(__file__), "..", "config.yaml")) and
                     open(cfg_path).read().replace("steps: 127", f"steps: {STEPS}"))
@@ -132,3 +132,16 @@ def test_gate_cli_exits_nonzero_and_writes_no_output(tmp_path, cfg, tiny_source,
     assert rc == 1
     assert len(err) == 1 and err[0].startswith("error: ") and "gate FAILED for rwkv7-tiny/fp32" in err[0]
     assert not (tmp_path / "g.json").exists() and (tmp_path / "g.failed.json").exists()
+
+
+def test_a_lowering_of_other_bytes_is_not_gated(tmp_path, cfg, tiny_source, stream_path):
+    """The gate runs the lowering only if aot.json says it was built from exactly this bundle."""
+    export_dir, aot_dir = tmp_path / "export", tmp_path / "aot"
+    export_recipe(tiny_source, "fp32", cfg["recipes"]["fp32"], BUNDLE, export_dir)
+    build_target(export_dir, BUNDLE, "fp32", "universal", cfg["targets"]["universal"], cfg["aot"], aot_dir)
+    metadata = export_dir / f"{BUNDLE}.aimodel" / "metadata.json"
+    metadata.write_text(metadata.read_text() + " ")  # the bundle changed after it was lowered
+    with pytest.raises(PipelineError, match="was lowered from other bytes than"):
+        gate_bundle("rwkv7-tiny", "fp32", export_dir, aot_dir, stream_path, settings(cfg),
+                    tmp_path / "gate.json", tmp_path / "gate.tsv")
+    assert not (tmp_path / "gate.json").exists()

@@ -65,6 +65,7 @@ def copy_results(dst: Path, recipes=RECIPES) -> Path:
 
 
 def publish_args(results: Path, recipes=RECIPES) -> list[str]:
+    """The publish rule's inputs for a results copy holding ``recipes``."""
     return stage_args("publish", results, MODEL, recipes, [TARGET])
 
 
@@ -238,11 +239,11 @@ def test_refusal_leaves_an_earlier_staging_tree_untouched(staged, capsys):
 def test_check_gates_reports_each_recipe(tmp_path):
     good = json.loads((RESULTS / MODEL / "gate" / "fp32.json").read_text())
     (tmp_path / "a.json").write_text(json.dumps(good))
-    verdicts = p.check_gates({"fp32": tmp_path / "a.json"})
+    verdicts = p.check_gates([tmp_path / "a.json"])
     assert verdicts["fp32"]["pass"] is True and verdicts["fp32"]["counted"] == good["counted"]
-    (tmp_path / "b.json").write_text(json.dumps({**good, "pass": "true"}))  # only a JSON true passes
+    (tmp_path / "b.json").write_text(json.dumps({**good, "recipe": "fp16", "pass": "true"}))  # only a JSON true passes
     with pytest.raises(p.PipelineError) as exc:
-        p.check_gates({"fp32": tmp_path / "a.json", "fp16": tmp_path / "b.json"})
+        p.check_gates([tmp_path / "a.json", tmp_path / "b.json"])
     assert exc.value.where == str(tmp_path / "b.json") and "fp16" in exc.value.what
 
 
@@ -326,7 +327,8 @@ def pushes(tmp_path_factory):
         # new device numbers arrive: the card stage regenerates the card, then publish runs again
         config2 = write_config(tmp / "config.yaml", publish={"repo": HUB_REPO, "push": True},
                                device_numbers={"decode tok/s (iPhone 17 Pro)": 25})
-        card_run = _run(CARD, env, ["--config-file", str(config2), "--model", MODEL, *publish_args(results),
+        card_run = _run(CARD, env, ["--config-file", str(config2), "--model", MODEL,
+                                    *stage_args("card", results, MODEL, RECIPES),
                                     "--out", str(results / MODEL / "card" / "README.md"),
                                     "--log", str(logs / "card.log")], tmp)
         assert card_run["rc"] == 0, card_run
@@ -424,7 +426,7 @@ def test_an_unreadable_remote_card_is_a_one_line_error_and_nothing_is_pushed(tmp
         head = hub.add_repo(HUB_REPO, {"README.md": "maintainer card\n"})
         hub.fail("GET", "*/resolve/*", 500, times=50)
         run = _run(PUBLISH, client_env(hub, tmp_path / "hf_home", HF_TOKEN=TOKEN),
-                   ["--config-file", str(config), "--model", MODEL, *publish_args(results),
+                   ["--config-file", str(config), "--model", MODEL, *publish_args(results, ["int8keepproj"]),
                     "--out", str(tmp_path / "publish")], tmp_path)
         assert hub.head(HUB_REPO) == head  # never overwrite a card it could not read
     assert TOKEN not in run["stdout"] + run["stderr"]

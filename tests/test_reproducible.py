@@ -54,8 +54,11 @@ def test_coreai_still_does_what_the_patches_rely_on(text, check):
 
 def test_a_changed_coreai_is_reported(monkeypatch):
     """The checks can fail, and a patch point that vanished stops the export with one line."""
+    import secrets
+
     import coreai.authoring.asset as asset
     import coreai.authoring.graph_builder as gb
+    import coreai.authoring.metal as metal
 
     def _write_odix(self, output_directory):  # a coreai that lowers some other way
         return output_directory
@@ -63,11 +66,9 @@ def test_a_changed_coreai_is_reported(monkeypatch):
     monkeypatch.setattr(asset.AIModelAsset, "_write_odix", _write_odix)
     failing = [text for text, check in reproducible.ASSUMPTIONS if not check()]
     assert failing == [t for t, _ in reproducible.ASSUMPTIONS if "_write_odix" in t]
-    import coreai.authoring.metal as metal
-    import secrets
-
     monkeypatch.delattr(metal, "choice")
-    with pytest.raises(PipelineError, match=r"coreai-core .*: reproducible build: coreai\.authoring\.metal\.choice no longer exists"):
+    gone = r"coreai-core .*: reproducible build: coreai\.authoring\.metal\.choice no longer exists"
+    with pytest.raises(PipelineError, match=gone):
         with reproducible.export_scope("x"):
             pass
     assert gb.choice is secrets.choice  # what was patched before the failure is undone
@@ -91,11 +92,15 @@ def test_scopes_restore_what_they_patch():
     assert (gb.choice, asset._serialize_module_to_bytecode, asset.serialize_module_to_odix) == before
 
 
-def test_swift_runtime_hashes_deterministically():
-    """metadata.json's key order: this process imported rwkv7_coreai before coreai, as every stage does."""
-    import coreai.runtime  # noqa: F401 - loads libswiftCore
-
-    assert reproducible.swift_hashing_deterministic() is True
+@pytest.mark.parametrize("first,expected", [("rwkv7_coreai", "True"), ("coreai.runtime", "False")])
+def test_swift_runtime_hashes_deterministically_when_rwkv7_coreai_comes_first(first, expected):
+    """metadata.json's key order: importing the package (as every stage does first) turns on
+    deterministic hashing in the Swift runtime; loaded before it, the runtime is seeded randomly."""
+    env = {k: v for k, v in os.environ.items() if k != reproducible.SWIFT_HASHING_ENV}
+    code = (f"import {first}, coreai.runtime; from rwkv7_coreai import reproducible; "
+            "print(reproducible.swift_hashing_deterministic())")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-1] == expected
 
 
 def _unpatched_build(source: Path, recipes: dict, top: Path) -> None:
