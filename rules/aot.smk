@@ -6,6 +6,7 @@ rule aot:
         directory(str(OUT.aot("{target}", "{recipe}"))),
     params:
         settings=settings("aot"),
+        code=CODE["aot"],
     log:
         str(OUT.log("aot-{target}-{recipe}")),
     resources:

@@ -8,6 +8,7 @@ rule card:
         str(OUT.card),
     params:
         settings=settings("card"),
+        code=CODE["card"],
     log:
         str(OUT.log("card")),
     conda:

@@ -5,7 +5,7 @@ import re
 import time
 
 from rwkv7_coreai import config as cfgmod
-from rwkv7_coreai import toolchain
+from rwkv7_coreai import fingerprint, toolchain
 from rwkv7_coreai.errors import exit_on_error
 from rwkv7_coreai.paths import STATE_DIR, Layout, card_inputs, publish_inputs
 
@@ -17,6 +17,8 @@ ORIGINS += ["--config"] if workflow.config_settings.config else []
 CONFIG_FILE = exit_on_error(
     lambda: cfgmod.write_effective(cfgmod.validate(config, " + ".join(ORIGINS)), ORIGINS, STATE_DIR)
 )
+# content digest of the code each stage runs (its module and imports): a change reruns that stage
+CODE = {rule: fingerprint.digest(rule) for rule in fingerprint.ENTRY}
 RES = config["results"]
 OUT = Layout(RES, "{model}")  # output path patterns, wildcards left in
 MODELS = cfgmod.models_to_build(config)

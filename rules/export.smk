@@ -6,6 +6,7 @@ rule export:
         directory(str(OUT.export("{recipe}"))),
     params:
         settings=settings("export"),
+        code=CODE["export"],
     log:
         str(OUT.log("export-{recipe}")),
     resources:

@@ -11,6 +11,7 @@ rule gate:
         tsv=str(OUT.gate_tsv("{recipe}")),
     params:
         settings=settings("gate"),
+        code=CODE["gate"],
     log:
         str(OUT.log("gate-{recipe}")),
     conda:

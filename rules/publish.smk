@@ -7,6 +7,7 @@ rule stage_and_push:
         directory(str(OUT.publish)),
     params:
         settings=settings("stage_and_push"),
+        code=CODE["stage_and_push"],
     log:
         str(OUT.log("publish")),
     conda:

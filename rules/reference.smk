@@ -7,6 +7,7 @@ rule reference:
         str(OUT.reference),
     params:
         settings=settings("reference"),
+        code=CODE["reference"],
     log:
         str(OUT.log("reference")),
     conda:

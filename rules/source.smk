@@ -1,12 +1,14 @@
 rule toolchain:
-    # Versions and code that shape a bundle. A new Core AI beta (or a code change) changes
-    # `params`, Snakemake reruns this rule, and every export and what follows is rebuilt.
+    # Versions of the toolchain that shapes a bundle. A new Core AI beta changes `params` (and
+    # the pins in requirements.txt), Snakemake reruns this rule, and every export and what
+    # follows is rebuilt. Code changes rerun only the stages whose code changed (CODE).
     input:
         "requirements.txt",
     output:
         str(OUT.toolchain),
     params:
         record=json.dumps(toolchain.record(), sort_keys=True),
+        code=CODE["toolchain"],
     log:
         f"{RES}/logs/toolchain.log",
     conda:
@@ -20,6 +22,7 @@ rule source:
         directory(str(OUT.source)),
     params:
         settings=settings("source"),
+        code=CODE["source"],
     log:
         str(OUT.log("source")),
     conda:

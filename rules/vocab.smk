@@ -5,6 +5,7 @@ rule vocab:
         str(OUT.vocab),
     params:
         settings=settings("vocab"),
+        code=CODE["vocab"],
     log:
         str(OUT.log("vocab")),
     conda:

@@ -4,6 +4,10 @@ The package holds the pipeline's logic; ``scripts/`` are thin entry points that
 Snakemake (``rules/*.smk``) and DVC (``dvc.yaml``) call.
 """
 
+import os as _os
+
 __version__ = "0.1.0"
 
-from . import reproducible  # noqa: E402,F401 - sets SWIFT_DETERMINISTIC_HASHING before anything loads coreai
+# Before anything loads coreai's Swift runtime: its dictionaries (metadata.json key order) hash
+# with a per-process seed otherwise. reproducible.py checks the loaded runtime took it.
+_os.environ.setdefault("SWIFT_DETERMINISTIC_HASHING", "1")

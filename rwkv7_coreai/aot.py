@@ -8,17 +8,18 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 from pathlib import Path
 
+from . import stage
 from .config import DEVICE_ARCHITECTURES
 from .coreai_runtime import lower_universal
-from .errors import PipelineError
-from .fsutil import atomic_path, dumps_json, first_difference, tree_manifest
+from .errors import PipelineError, main_guard
+from .fsutil import atomic_path, dumps_json, tree_manifest
+from .paths import bundle_name
+from .records import AOT
 
-RECORD = "aot.json"  # beside the product: what it was built from and what it holds (never published)
 
 
 def device_command(aimodel: Path, arch: str, platform: str, aot_cfg: dict, out_dir: Path) -> list[str]:
@@ -67,20 +68,19 @@ def build_target(export_dir: Path, bundle: str, recipe: str, target: str, target
             product = compile_device(aimodel, target, target_cfg.get("platform", "iOS"), aot_cfg, tmp)
         record = {"target": target, "recipe": recipe, "bundle": aimodel.name, "product": product.name,
                   "from": source_files, "files": tree_manifest(tmp)}
-        (tmp / RECORD).write_text(dumps_json(record))
+        (tmp / AOT).write_text(dumps_json(record))  # beside the product; never published
     return record
 
 
-def read_record(aot_dir: Path) -> dict:
-    """``aot.json``, checked against the files beside it (``files``: relative to ``aot_dir``)."""
-    path = Path(aot_dir) / RECORD
-    try:
-        record = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PipelineError(path, "AOT record missing", "rerun the aot stage (snakemake --forcerun aot)") from None
-    on_disk = {rel: v for rel, v in tree_manifest(aot_dir).items() if rel != RECORD}
-    bad = first_difference(on_disk, record["files"])
-    if bad:
-        raise PipelineError(Path(aot_dir) / bad, "differs from what the aot stage wrote (aot.json)",
-                            "rerun the aot stage: snakemake --forcerun aot")
-    return record
+@main_guard
+def main(argv=None) -> int:
+    """The aot stage: ``scripts/aot.py --model M --recipe R --target T --export DIR --out DIR``."""
+    import time
+
+    ns = stage.parser("aot", "model", "recipe", "target", "export", "out").parse_args(argv)
+    s, _ = stage.setup("aot", ns)
+    t0 = time.perf_counter()
+    build_target(Path(ns.export), bundle_name(s["models"][ns.model]["dir"], ns.recipe), ns.recipe, ns.target,
+                 s["targets"][ns.target], s["aot"], Path(ns.out))
+    stage.log.info("aot %s/%s/%s -> %s in %.1f s, peak RSS %.0f MB", ns.model, ns.target, ns.recipe, ns.out,
+                   time.perf_counter() - t0, stage.rss_mb())

@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
@@ -164,8 +165,17 @@ def bump_pins(tree: Path, updates: dict[str, tuple[Version, Version]]) -> list[P
 # --- Snakemake job lists -------------------------------------------------------------------------
 @dataclass(frozen=True, order=True)
 class Job:
+    """One Snakemake job: its rule and wildcards (in Snakemake's order)."""
+
     rule: str
     wildcards: tuple[tuple[str, str], ...] = ()
+
+    def to_json(self) -> dict:
+        return {"rule": self.rule, "wildcards": dict(self.wildcards)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Job:
+        return cls(data["rule"], tuple(data["wildcards"].items()))
 
     def get(self, key: str) -> str | None:
         return dict(self.wildcards).get(key)
@@ -180,8 +190,8 @@ def parse_jobs(text: str) -> tuple[dict[int, Job], set[int]]:
 
     def close():
         if head is not None and "jobid" in fields:
-            wc = tuple(sorted(kv.split("=", 1) for kv in fields.get("wildcards", "").split(", ") if "=" in kv))
-            announced[int(fields["jobid"])] = Job(head, tuple(map(tuple, wc)))
+            wc = tuple(tuple(kv.split("=", 1)) for kv in fields.get("wildcards", "").split(", ") if "=" in kv)
+            announced[int(fields["jobid"])] = Job(head, wc)
 
     for line in text.splitlines():
         m = re.match(r"^(?:local)?rule (\S+):$", line)
@@ -206,26 +216,26 @@ def snakemake(tree: Path, args: list[str], env: dict, python: str = sys.executab
 
 
 def plan(tree: Path, env: dict, *extra: str, python: str = sys.executable) -> list[Job]:
-    """The jobs ``snakemake -n publish`` would run in ``tree`` (``extra``: e.g. --forcerun toolchain)."""
+    """The jobs ``snakemake -n publish`` would run in ``tree`` (``extra``: e.g. --forcerun toolchain),
+    in the order Snakemake lists them."""
     proc = snakemake(tree, ["-n", "--nolock", *extra, "publish"], env, python)
     if proc.returncode:
         last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or [f"exit {proc.returncode}"]
         raise PipelineError(tree / "Snakefile", f"snakemake -n failed: {last[0][:300]}", "fix the pipeline first")
-    return sorted(parse_jobs(proc.stdout + proc.stderr)[0].values())
+    return list(parse_jobs(proc.stdout + proc.stderr)[0].values())
 
 
 def describe(jobs: list[Job]) -> list[str]:
-    """Jobs grouped per model: ``rwkv7-tiny: export fp16, fp32; aot universal/fp16; card``."""
-    lines, per_model = [], {}
+    """Jobs grouped per model, in the order Snakemake listed them (a DAG order): ``toolchain``,
+    ``rwkv7-tiny: export fp16, fp32; aot universal/fp16; card``, ``publish``."""
+    groups: dict[str, dict[str, list[str]]] = {}
     for job in jobs:
-        if job.get("model") is None:
-            lines.append(job.rule)
-            continue
+        model = job.get("model")
         rest = "/".join(v for k, v in job.wildcards if k != "model")
-        per_model.setdefault(job.get("model"), {}).setdefault(job.rule, []).append(rest)
-    for model, rules in sorted(per_model.items()):
-        lines.append(f"{model}: " + "; ".join(f"{r} {', '.join(sorted(v))}".strip() for r, v in rules.items()))
-    return lines
+        groups.setdefault(model or job.rule, {}).setdefault(job.rule, []).append(rest)
+    return [key if key in rules and len(rules) == 1 and rules[key] == [""] else
+            f"{key}: " + "; ".join(f"{r} {', '.join(sorted(v))}".strip() for r, v in rules.items())
+            for key, rules in groups.items()]
 
 
 # --- the throwaway tree and environment ----------------------------------------------------------
@@ -306,11 +316,10 @@ def prepare_env(venv: Path, tree: Path, updates: dict[str, tuple[Version, Versio
     python = venv / "bin" / "python"
     site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                check=True, capture_output=True, text=True).stdout.strip())
-    base = Path(subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+    base = sysconfig.get_path("purelib")  # the current venv's site-packages
     # path lines first (the tree's rwkv7_coreai before the editable install's), then the current
     # venv with its own .pth files processed (addsitedir), after the new wheels.
-    (site / "zz_beta_watch_base.pth").write_text(f"{tree}\nimport site; site.addsitedir({str(base)!r})\n")
+    (site / "zz_beta_watch_base.pth").write_text(f"{tree}\nimport site; site.addsitedir({base!r})\n")
     wanted = [f"{p}=={new}" for p, (_, new) in sorted(updates.items())]
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--only-binary", ":all:", "--pre",
                            "--disable-pip-version-check", "--no-warn-script-location", "--target", str(site),
@@ -397,6 +406,11 @@ def _fmt(value, spec: str = ".3g", none: str = "–") -> str:
     return none if value is None else format(value, spec)
 
 
+def digests(old: str | None, new: str | None) -> str:
+    short = [f"`{d[:12]}`" if d else "–" for d in (old, new)]
+    return f"{short[1]} (unchanged)" if old and old == new else " → ".join(short)
+
+
 def render_markdown(report: dict) -> str:
     ups = ", ".join(f"{p} {u['old']} → {u['new']}" for p, u in report["updates"].items())
     lines = [f"# Core AI beta rebuild: {ups}", "",
@@ -404,7 +418,7 @@ def render_markdown(report: dict) -> str:
              "", f"Index: {report['index_url'] or 'pip default'}; rebuilt in {report['rebuild_seconds']:.0f} s "
              f"({len(report['jobs']['executed'])} jobs).", "",
              "| model | recipe | gate | top-1 agreed/counted | max abs Δlogits | mean KL | bundle MB | export s | "
-             "export peak RSS MB | bundle sha256 (new) |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "export peak RSS MB | bundle sha256 |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in report["recipes"]:
         o, n = row["old"], row["new"]
 
@@ -416,12 +430,12 @@ def render_markdown(report: dict) -> str:
         mb = f"{_fmt(o['size_bytes'] and o['size_bytes'] / 1e6, '.1f')} → {_fmt(n['size_bytes'] and n['size_bytes'] / 1e6, '.1f')}"
         lines.append(f"| {row['model']} | {row['recipe']} | {gate} | {agree} | {pair('max_abs_dlogits')} | "
                      f"{pair('mean_kl', '.2g')} | {mb} | {pair('export_seconds', '.1f')} | "
-                     f"{pair('export_peak_rss_mb', '.0f')} | `{(n['bundle_sha256'] or '–')[:16]}` |")
+                     f"{pair('export_peak_rss_mb', '.0f')} | {digests(o['bundle_sha256'], n['bundle_sha256'])} |")
     lines += ["", "## Regressions", ""]
     lines += [f"- {r}" for r in report["regressions"]] or ["None beyond the limits."]
     lines += ["", "## Jobs", "", "Planned (`snakemake -n --forcerun toolchain publish` on the baseline) and run "
-              "in the worktree:", ""] + [f"- {line}" for line in describe([Job(j["rule"], tuple(map(tuple, j["wildcards"])))
-                                                                        for j in report["jobs"]["executed"]])]
+              "in the worktree:", ""] + [f"- {line}" for line in describe(
+                  [Job.from_json(j) for j in report["jobs"]["executed"]])]
     if report["jobs"]["failed"]:
         lines += ["", "Failed: " + ", ".join(report["jobs"]["failed"])]
     lines += ["", "## Toolchain", "", "| package | old | new |", "|---|---|---|"]
@@ -434,9 +448,9 @@ def write_report(reports: Path, report: dict) -> Path:
     from .fsutil import write_json_atomic, write_text_atomic
 
     base = reports / f"beta-{report['tag']}"
-    write_json_atomic(base.with_suffix(".json"), report)
-    write_text_atomic(base.with_suffix(".md"), render_markdown(report))
-    return base.with_suffix(".md")
+    write_json_atomic(f"{base}.json", report)
+    write_text_atomic(f"{base}.md", render_markdown(report))
+    return Path(f"{base}.md")
 
 
 def _toolchain(results: Path) -> dict:
@@ -460,7 +474,69 @@ def show_plan(repo: Path, updates: dict, index_url: str | None) -> list[Job]:
     return jobs
 
 
+@dataclass
+class Rebuild:
+    """What a rebuild in the worktree did."""
+    tree: Path
+    planned: list[Job]
+    executed: list[Job]
+    failed: list[Job]
+    exit: int
+    seconds: float
+
+
+def rebuild(repo: Path, tree: Path, venv: Path, results: str, bw: dict, updates: dict, expected: list[Job],
+            log: Path) -> Rebuild:
+    """Seed the worktree, bump the pins, prepare the venv, run Snakemake; check the job list."""
+    seed(repo, tree, results)
+    bump_pins(tree, updates)
+    env = prepare_env(venv, tree, updates, bw["index_url"])
+    python = str(venv / "bin" / "python")
+    planned = plan(tree, env, python=python)
+    if sorted(planned) != sorted(expected):
+        differ = sorted(set(planned) ^ set(expected))
+        raise PipelineError(tree, f"the bumped tree plans {len(planned)} jobs, a toolchain change {len(expected)} "
+                            f"(differ: {', '.join(map(str, differ[:4]))})", "check that results/ was built from "
+                            "HEAD (rebuild the baseline) and that only the pins differ")
+    print(f"beta-watch: rebuilding {len(planned)} jobs in {tree} (log: {log})", flush=True)
+    t0 = time.perf_counter()
+    proc = snakemake(tree, ["--keep-going", "publish"], env, python, log=log)
+    seconds = time.perf_counter() - t0
+    announced, finished = parse_jobs(proc.stdout + proc.stderr)
+    executed = [job for i, job in announced.items() if i in finished]  # in the order they started
+    failed = [job for i, job in announced.items() if i not in finished]
+    if proc.returncode == 0 and sorted(executed) != sorted(planned):
+        differ = sorted(set(executed) ^ set(planned))
+        raise PipelineError(log, f"the rebuild ran other jobs than planned ({', '.join(map(str, differ[:4]))})",
+                            "inspect the snakemake log")
+    return Rebuild(tree, planned, executed, failed, proc.returncode, seconds)
+
+
+def assess(repo: Path, results: str, bw: dict, updates: dict, run: Rebuild) -> dict:
+    """Old vs new numbers of every gated recipe, the verdict, and the report files."""
+    rows = []
+    for model, recipe in sorted({(j.get("model"), j.get("recipe")) for j in run.planned if j.rule == "gate"}):
+        old, new = numbers(repo / results, model, recipe), numbers(run.tree / results, model, recipe)
+        rows.append({"model": model, "recipe": recipe, "old": old, "new": new,
+                     "regressions": regressions(old, new, bw["limits"])})
+    found = [f"{r['model']}/{r['recipe']}: {why}" for r in rows for why in r["regressions"]]
+    if run.exit and not found:
+        found.append(f"the rebuild failed (snakemake exit {run.exit}) at {', '.join(map(str, run.failed)) or 'start'}")
+    report = {
+        "tag": versions_tag(updates), "index_url": bw["index_url"], "limits": bw["limits"],
+        "updates": {p: {"old": str(o), "new": str(n)} for p, (o, n) in sorted(updates.items())},
+        "toolchain": {"old": _toolchain(repo / results), "new": _toolchain(run.tree / results)},
+        "jobs": {"planned": [j.to_json() for j in run.planned], "executed": [j.to_json() for j in run.executed],
+                 "failed": [str(j) for j in run.failed]},
+        "snakemake_exit": run.exit, "rebuild_seconds": round(run.seconds, 1), "recipes": rows,
+        "regressions": found, "verdict": "REGRESSION" if found else "no regression",
+    }
+    report["report"] = str(write_report(repo / REPORTS, report))
+    return report
+
+
 def apply(repo: Path, cfg: dict, bw: dict, updates: dict, expected: list[Job], keep: Path | None) -> dict:
+    """Rebuild with the new versions in a throwaway worktree (kept at ``keep``) and assess it."""
     results = cfg["results"]
     check_clean(repo)
     baseline = plan(repo, dict(os.environ))
@@ -468,52 +544,11 @@ def apply(repo: Path, cfg: dict, bw: dict, updates: dict, expected: list[Job], k
         raise PipelineError(repo / results, f"the baseline is not up to date (snakemake -n plans {len(baseline)} "
                             f"job(s): {', '.join(map(str, baseline[:3]))}{' …' if len(baseline) > 3 else ''})",
                             "run snakemake --cores 1 publish first: the old toolchain's numbers are the baseline")
-    tag = versions_tag(updates)
-    reports = repo / REPORTS
+    log = repo / REPORTS / f"beta-{versions_tag(updates)}.snakemake.log"
     with tempfile.TemporaryDirectory(prefix="beta-watch-") as tmp:
-        tree_dir = keep or Path(tmp) / "tree"
-        with worktree(repo, tree_dir, keep=keep is not None) as tree:
-            seed(repo, tree, results)
-            bump_pins(tree, updates)
-            env = prepare_env(Path(tmp) / "venv", tree, updates, bw["index_url"])
-            python = str(Path(tmp) / "venv" / "bin" / "python")
-            planned = plan(tree, env, python=python)
-            if planned != expected:
-                raise PipelineError(tree, "the bumped tree would rebuild "
-                                    f"{', '.join(map(str, sorted(set(planned) ^ set(expected))[:4]))} "
-                                    "differently from a toolchain change", "check that results/ matches HEAD "
-                                    "(rebuild the baseline) and that only the pins differ")
-            print(f"beta-watch: rebuilding {len(planned)} jobs in {tree} (log: {reports}/beta-{tag}.snakemake.log)")
-            t0 = time.perf_counter()
-            proc = snakemake(tree, ["--keep-going", "publish"], env, python, log=reports / f"beta-{tag}.snakemake.log")
-            seconds = time.perf_counter() - t0
-            announced, finished = parse_jobs(proc.stdout + proc.stderr)
-            executed = sorted(announced[i] for i in finished if i in announced)
-            failed = sorted(j for i, j in announced.items() if i not in finished)
-            if proc.returncode == 0 and executed != planned:
-                raise PipelineError(tree, f"the rebuild ran {', '.join(map(str, sorted(set(executed) ^ set(planned))[:4]))}"
-                                    " against the plan", "inspect the snakemake log next to the report")
-            gates = sorted({(j.get("model"), j.get("recipe")) for j in planned if j.rule == "gate"})
-            rows = []
-            for model, recipe in gates:
-                old, new = numbers(repo / results, model, recipe), numbers(tree / results, model, recipe)
-                rows.append({"model": model, "recipe": recipe, "old": old, "new": new,
-                             "regressions": regressions(old, new, bw["limits"])})
-            report = {
-                "tag": tag, "index_url": bw["index_url"], "limits": bw["limits"],
-                "updates": {p: {"old": str(o), "new": str(n)} for p, (o, n) in sorted(updates.items())},
-                "toolchain": {"old": _toolchain(repo / results), "new": _toolchain(tree / results)},
-                "jobs": {"planned": [j.__dict__ for j in planned], "executed": [j.__dict__ for j in executed],
-                         "failed": [str(j) for j in failed]},
-                "snakemake_exit": proc.returncode, "rebuild_seconds": round(seconds, 1), "recipes": rows,
-                "regressions": [f"{r['model']}/{r['recipe']}: {why}" for r in rows for why in r["regressions"]],
-            }
-            if proc.returncode and not report["regressions"]:
-                report["regressions"].append(f"the rebuild failed (snakemake exit {proc.returncode}) at "
-                                             f"{', '.join(report['jobs']['failed']) or 'start'}")
-            report["verdict"] = "REGRESSION" if report["regressions"] else "no regression"
-            report["report"] = str(write_report(reports, report))
-    return report
+        with worktree(repo, keep or Path(tmp) / "tree", keep=keep is not None) as tree:
+            run = rebuild(repo, tree, Path(tmp) / "venv", results, bw, updates, expected, log)
+            return assess(repo, results, bw, updates, run)
 
 
 @main_guard

@@ -16,9 +16,12 @@ from pathlib import Path
 import jinja2
 import yaml
 
-from .checkpoint import WEIGHT_FILE
-from .errors import PipelineError
-from .source import FRONT, front_matter
+from . import stage
+from .config import origin
+from .errors import PipelineError, main_guard
+from .frontmatter import FRONT, front_matter
+from .paths import WEIGHT_FILE
+from .records import EXPORT, by_recipe, load_json, read_manifest
 
 BLOCK = re.compile(r"<!-- (?P<name>[\w-]+) begin -->\r?\n(?P<body>.*?)<!-- (?P=name) end -->", re.S)
 TAGS = ["coreai", "rwkv7", "rwkv", "linear-attention", "no-kv-cache", "text-generation"]
@@ -144,16 +147,18 @@ def render(ctx: dict) -> str:
     return env.get_template("model_card.md.j2").render(**ctx)
 
 
-def load_json(path: Path) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise PipelineError(path, "missing", "run the stage that writes it") from None
-    except json.JSONDecodeError as exc:
-        raise PipelineError(path, f"invalid JSON ({exc.msg} at line {exc.lineno})", "rerun the stage that writes it") from None
+@main_guard
+def main(argv=None) -> int:
+    """The card stage: ``scripts/card.py --model M --source … --exports … --gates … [--curated F] --out F``."""
+    from .fsutil import write_text_atomic
+    from .vocab import read_tsv
 
-
-def by_recipe(paths: list[Path], name: str | None = None) -> dict[str, dict]:
-    """Records (``export.json`` in each dir, or gate JSON files) keyed by the recipe they name."""
-    records = [load_json(Path(p) / name if name else Path(p)) for p in paths]
-    return {r["recipe"]: r for r in records}
+    ns = stage.parser("card", "model", "source", "vocab", "toolchain", "out", lists=("exports", "gates"),
+                      optional_lists=("curated",)).parse_args(argv)
+    s, cfg = stage.setup("card", ns)
+    ctx = context(ns.model, s, read_manifest(Path(ns.source)), by_recipe(ns.exports, EXPORT), by_recipe(ns.gates),
+                  Path(ns.source), load_json(Path(ns.toolchain))["versions"], len(read_tsv(Path(ns.vocab))),
+                  build_date(origin(cfg)))
+    existing = ns.curated[0].read_text(encoding="utf-8") if ns.curated else None
+    write_text_atomic(ns.out, merge(existing, render(ctx)))
+    stage.log.info("card %s -> %s%s", ns.model, ns.out, f" (merged into {ns.curated[0]})" if existing else "")

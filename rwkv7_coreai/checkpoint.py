@@ -23,9 +23,9 @@ from safetensors.torch import save_file
 
 from . import blinkdl
 from .errors import PipelineError
+from .paths import WEIGHT_FILE  # noqa: F401 - re-exported: checkpoint.WEIGHT_FILE
 from .geometry import MIXERS, Geometry, expected_shapes
 
-WEIGHT_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"  # the HF sharded layout: {"weight_map": {tensor: shard file}}
 SUFFIXES = (".safetensors", ".pth")
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

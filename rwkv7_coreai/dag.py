@@ -18,11 +18,7 @@ from pathlib import Path
 import yaml
 
 from .config import DEFAULT_FILE, stage_keys
-
-# Code the toolchain stage depends on in DVC (Snakemake sees the same through the stage's
-# params, which hold a content fingerprint of the package: rwkv7_coreai.toolchain.record).
-CODE_DEPS = ["rwkv7_coreai"]
-
+from .fingerprint import code_files
 
 def snakemake_jobs(workdir: str | Path = ".", target: str = "publish") -> list[dict]:
     """Every job Snakemake would run for ``target`` from scratch (forceall), as plain data."""
@@ -75,8 +71,7 @@ def dvc_stages(jobs: list[dict]) -> dict:
             continue
         w = job["wildcards"]
         stage = {"cmd": " ".join(job["cmd"].split()), "deps": list(job["deps"])}
-        if job["rule"] == "toolchain":
-            stage["deps"] += CODE_DEPS
+        stage["deps"] += code_files(job["rule"])  # Snakemake sees the same through params: code
         params = param_keys(job["rule"], w)
         if params:
             stage["params"] = [{DEFAULT_FILE: params}]
@@ -102,12 +97,13 @@ def render(jobs: list[dict]) -> str:
 
 def dvc_index(workdir: str | Path = ".") -> dict[str, dict]:
     """What DVC itself parses from dvc.yaml: {stage: {cmd, deps, outs}} (outs incl. metrics/plots)."""
+    from dvc.dependency.param import ParamsDependency
     from dvc.repo import Repo
 
     with Repo(str(workdir)) as repo:
         out = {}
         for st in repo.index.stages:
-            out[st.name] = {"cmd": st.cmd, "deps": sorted(d.def_path for d in st.deps if not d.def_path.endswith(".yaml")),
+            out[st.name] = {"cmd": st.cmd, "deps": sorted(d.def_path for d in st.deps if not isinstance(d, ParamsDependency)),
                             "outs": sorted(o.def_path for o in st.outs)}
         return out
 
@@ -124,7 +120,7 @@ def drift(jobs: list[dict], index: dict[str, dict]) -> list[str]:
         job, st = want[name], index[name]
         if " ".join(job["cmd"].split()) != " ".join(str(st["cmd"]).split()):
             problems.append(f"stage {name}: cmd differs")
-        deps = sorted(job["deps"] + (CODE_DEPS if job["rule"] == "toolchain" else []))
+        deps = sorted(job["deps"] + code_files(job["rule"]))
         if deps != sorted(st["deps"]):
             problems.append(f"stage {name}: deps {st['deps']} != inputs {deps}")
         if sorted(job["outs"]) != st["outs"]:

@@ -76,7 +76,7 @@ def main_guard(fn: Callable[..., int | None]) -> Callable[..., int]:
                 logs = [h.baseFilename for h in _file_handlers()]
                 _to_logs(traceback.format_exc())
                 first = (str(exc).strip().splitlines() or [""])[0][:300]
-                err = PipelineError(f"scripts/{fn.__name__}.py", f"internal error ({type(exc).__name__}: {first})",
+                err = PipelineError(fn.__module__, f"internal error ({type(exc).__name__}: {first})",
                                     "this is a bug: please report it with " + (f"the traceback in {logs[0]}" if logs
                                                                                 else "the command line"))
             line = f"error: {err}"

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import torch
 
-from . import quantize, toolchain
+from . import quantize, stage, toolchain
 from .checkpoint import load_checkpoint
-from .errors import PipelineError
+from .errors import PipelineError, main_guard
 from .export_graph import INPUT_NAMES, OUTPUT_NAMES, STATE_NAMES, build_decode
 from .fsutil import atomic_path, dumps_json, tree_manifest
+from .paths import bundle_name
+from .records import EXPORT
 
-RECORD = "export.json"
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 # fixed creation date in metadata.json: a rebuild with identical inputs should not differ by "now"
 REPRODUCIBLE_EPOCH = 0.0
@@ -71,7 +72,7 @@ def convert(module: torch.nn.Module, out: Path) -> dict[str, int]:
     return writes
 
 
-def export_recipe(source_dir: Path, recipe_name: str, recipe: dict, bundle_dir: str, out_dir: Path) -> dict:
+def export_recipe(source_dir: Path, recipe_name: str, recipe: dict, bundle: str, out_dir: Path) -> dict:
     if recipe.get("dtype") not in DTYPES:
         raise PipelineError(f"recipe {recipe_name}", f"dtype {recipe.get('dtype')!r} is not supported",
                             f"use one of {sorted(DTYPES)}")
@@ -88,7 +89,7 @@ def export_recipe(source_dir: Path, recipe_name: str, recipe: dict, bundle_dir: 
                                 "set dtype: float16 for a quantised recipe")
         module, layers = quantize.apply(module, q, recipe["dtype"], example_inputs(), recipe_name)
     with atomic_path(out_dir, directory=True) as tmp:
-        aimodel = tmp / f"{bundle_dir}.aimodel"
+        aimodel = tmp / f"{bundle}.aimodel"
         try:
             writes = convert(module, aimodel)
         except PipelineError:
@@ -109,19 +110,21 @@ def export_recipe(source_dir: Path, recipe_name: str, recipe: dict, bundle_dir: 
             "size_bytes": sum(f["size"] for f in files.values()), "files": files,
             "toolchain": toolchain.versions(),
         }
-        (tmp / RECORD).write_text(dumps_json(record))
+        (tmp / EXPORT).write_text(dumps_json(record))
     record["export_seconds"] = round(time.perf_counter() - t0, 2)
     return record
 
 
-def read_record(export_dir: Path) -> dict:
-    """``export.json`` of an export stage output."""
-    import json
-
-    path = Path(export_dir) / RECORD
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PipelineError(path, "export record missing", "rerun the export stage (snakemake --forcerun export)") from None
-    except json.JSONDecodeError as exc:
-        raise PipelineError(path, f"invalid JSON ({exc.msg} at line {exc.lineno})", "rerun the export stage") from None
+@main_guard
+def main(argv=None) -> int:
+    """The export stage: ``scripts/export.py --model M --recipe R --source DIR --out DIR``."""
+    ns = stage.parser("export", "model", "recipe", "source", "out").parse_args(argv)
+    s, _ = stage.setup("export", ns)
+    t0 = time.perf_counter()
+    rec = export_recipe(Path(ns.source), ns.recipe, s["recipes"][ns.recipe],
+                        bundle_name(s["models"][ns.model]["dir"], ns.recipe), Path(ns.out))
+    stage.log.info("export %s/%s: %s, %.1f MB in %.1f s, peak RSS %.0f MB; quantised %d linears, kept %d",
+                   ns.model, ns.recipe, rec["bundle"], rec["size_bytes"] / 1e6, time.perf_counter() - t0,
+                   stage.rss_mb(), len(rec["quantized"]), len(rec["kept"]))
+    for row in rec["kept"] + rec["quantized"]:
+        stage.log.info("  %-40s %-5s %s", row["layer"], row["action"], row["reason"])

@@ -13,48 +13,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from . import toolchain
-from .checkpoint import load_checkpoint
+from . import stage, toolchain
 from .coreai_runtime import DecodeSession
-from .errors import PipelineError
+from .config import gate_settings
+from .errors import PipelineError, main_guard
 from .fsutil import atomic_path, dumps_json, sha256_file, tree_manifest
-from .reference import Reference
-from .tokenizer import TrieTokenizer
+from .records import read_aot, read_export
 
-CHAT = "User: {prompt}\n\nAssistant:"
-EOS = 0
 TSV_COLUMNS = ("step", "prompt", "pos", "token", "ref_top1", "ref_top2", "engine_top1", "ref_margin",
                "near_tie", "agree", "max_abs_dlogits", "kl")
-
-
-def budgets(n_prompts: int, steps: int) -> list[int]:
-    base, extra = divmod(steps, n_prompts)
-    return [base + (1 if i < extra else 0) for i in range(n_prompts)]
-
-
-def reference_stream(source_dir: Path, vocab: dict[int, bytes], prompts: list[str], steps: int,
-                     config_file: str = "config.yaml") -> dict:
-    """Token stream and fp32 reference logits; arrays for ``np.savez``."""
-    geom, weights = load_checkpoint(source_dir)
-    ref = Reference(weights, geom, torch.float32)
-    tok = TrieTokenizer(vocab)
-    tokens, prompt_idx, positions, logits = [], [], [], []
-    for i, (prompt, budget) in enumerate(zip(prompts, budgets(len(prompts), steps))):
-        stream = [EOS] + tok.encode(CHAT.format(prompt=prompt))
-        if len(stream) > budget:
-            raise PipelineError(config_file, f"prompt {i} is {len(stream)} tokens, more than its share "
-                                f"({budget}) of gate.steps={steps}", "raise gate.steps or shorten the prompt")
-        state = ref.zero_state()
-        for pos in range(budget):
-            out = ref.step(stream[pos], state)
-            logits.append(out.numpy().astype(np.float32))
-            tokens.append(stream[pos]); prompt_idx.append(i); positions.append(pos)
-            if pos + 1 == len(stream) and len(stream) < budget:
-                stream.append(int(torch.argmax(out)))  # reference greedy continuation
-    return {"tokens": np.array(tokens, np.int64), "prompt": np.array(prompt_idx, np.int64),
-            "pos": np.array(positions, np.int64), "logits": np.stack(logits)}
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -163,11 +131,8 @@ def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
                 json_path: Path, tsv_path: Path) -> dict:
     """Gate one recipe's bundle. The result records the sha256 of every file it tested (the
     ``.aimodel`` and the lowering it ran): publish ships those bytes and no others."""
-    from .aot import read_record
-    from .export import read_record as read_export
-
     record = read_export(export_dir)
-    lowering = read_record(aot_dir)  # checks the lowered files against aot.json
+    lowering = read_aot(aot_dir)  # checks the lowered files against aot.json
     aimodel = export_dir / record["bundle"]
     tested = tree_manifest(aimodel)
     if lowering["from"] != tested:
@@ -190,3 +155,21 @@ def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
         stale.unlink(missing_ok=True)
     write_report(result, rows, json_path, tsv_path)
     return result
+
+
+@main_guard
+def main(argv=None) -> int:
+    """The gate stage: ``scripts/gate.py --model M --recipe R --export DIR --aot DIR --reference NPZ
+    --json J --tsv T``; exit 1 (and no declared output) when the bundle fails."""
+    import time
+
+    ns = stage.parser("gate", "model", "recipe", "export", "aot", "reference", "json", "tsv").parse_args(argv)
+    s, _ = stage.setup("gate", ns)
+    t0 = time.perf_counter()
+    res = gate_bundle(ns.model, ns.recipe, Path(ns.export), Path(ns.aot), Path(ns.reference),
+                      gate_settings(s, ns.recipe), Path(ns.json), Path(ns.tsv))
+    seconds = time.perf_counter() - t0
+    stage.log.info("gate %s/%s PASS: %d/%d top-1 outside %d near-ties, max|dlogits| %.3g, mean KL %.3g; "
+                   "%.1f s (%.3f s/step), peak RSS %.0f MB", ns.model, ns.recipe, res["agree_counted"], res["counted"],
+                   res["near_ties"], res["max_abs_dlogits"], res["mean_kl"], seconds, seconds / res["steps"],
+                   stage.rss_mb())

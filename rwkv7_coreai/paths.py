@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 STATE_DIR = ".snakemake/rwkv7"  # effective configs written by the Snakefile
+WEIGHT_FILE = "model.safetensors"  # the normalised checkpoint every stage after `source` reads
 VOCAB_TSV = "rwkv_vocab.tsv"  # the device vocab, published beside every compiled bundle
 
 

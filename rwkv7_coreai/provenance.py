@@ -10,7 +10,8 @@ as it is), so whoever downloads the folder gets its provenance, and the folder's
 The statement says, for every file of the folder (its subjects, by relative path and sha256):
 which model, recipe (its full definition) and targets it was built for; what it was built from
 (the source URI, revision and the sha256 of every source file, the pipeline's git commit and
-code fingerprint, and for a device product the gated ``.aimodel`` it was compiled from); with
+the code digests of the stages that built it, and for a device product the gated ``.aimodel``
+it was compiled from); with
 which toolchain on which OS; and the gate's verdict. It holds no timestamp, host name or
 absolute path: identical inputs give byte-identical statements (sorted keys, fixed format).
 """
@@ -56,7 +57,7 @@ def subjects(bundle_dir: str | Path) -> list[dict]:
     bundle_dir = Path(bundle_dir)
     skip = set(provenance_files(bundle_dir))
     return [{"name": rel.as_posix(), "digest": {"sha256": sha256_file(bundle_dir / rel)}}
-            for rel in tree_files(bundle_dir) if True]
+            for rel in tree_files(bundle_dir) if rel.as_posix() not in skip]
 
 
 def _run(cmd: list[str]) -> str:
@@ -90,14 +91,16 @@ def pipeline_record(repo: str | Path | None = None) -> dict:
     import rwkv7_coreai
 
     root = Path(repo) if repo is not None else Path(rwkv7_coreai.__file__).resolve().parents[1]
-    commit = _run(["git", "-C", str(root), "rev-parse", "HEAD"])
-    dirty = None
+    commit, dirty = ABSENT, None
+    top = _run(["git", "-C", str(root), "rev-parse", "--show-toplevel"])
+    if top != ABSENT and Path(top).resolve() == root.resolve():  # not some repository that encloses a copy
+        commit = _run(["git", "-C", str(root), "rev-parse", "HEAD"])
     if SHA1.fullmatch(commit):
         status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
                                 capture_output=True, text=True)
         dirty = status.returncode != 0 or bool(status.stdout.strip())
     else:
-        commit = ABSENT
+        commit = ABSENT  # e.g. a repository without commits
     return {"commit": commit, "dirty": dirty, "version": rwkv7_coreai.__version__}
 
 
@@ -127,25 +130,27 @@ def _source_dependencies(manifest: dict) -> list[dict]:
 
 
 def statement(bundle_dir: str | Path, *, bundle_rel: str, export_record: dict, gate: dict, source_manifest: dict,
-              toolchain_record: dict, targets: list[str], platform_info: dict, pipeline: dict) -> dict:
+              targets: list[str], platform_info: dict, pipeline: dict) -> dict:
     """The in-toto Statement (SLSA provenance v1) of one published bundle folder.
 
     ``bundle_rel``: the folder's path in the Hub tree (``aimodel/<bundle>``, ``<target>/<bundle>``);
-    ``export_record``: the recipe's ``export.json``; ``gate``: its passing gate JSON;
-    ``toolchain_record``: ``results/toolchain.json``; ``targets``: what this folder is for."""
+    ``export_record``: the recipe's ``export.json`` (its ``toolchain`` is what built the bundle);
+    ``gate``: its passing gate JSON; ``targets``: what this folder is for; ``pipeline``:
+    :func:`pipeline_record`, optionally with ``code`` ({stage: code digest})."""
     subs = subjects(bundle_dir)
     aimodel = export_record["bundle"]
     tested = gate["tested_files"]
     gated = {f"{aimodel}/{rel}": v["sha256"] for rel, v in tested["aimodel"].items()}
     gated |= {rel: v["sha256"] for rel, v in tested.get("lowered", {}).items()}
-    deps = [{"name": "rwkv7-coreai", "annotations": {"dirty": pipeline["dirty"], "version": pipeline["version"],
-                                                     "code_sha256": toolchain_record.get("code_sha256", ABSENT)},
+    code = {"dirty": pipeline["dirty"], "version": pipeline["version"], "code": pipeline.get("code", ABSENT)}
+    deps = [{"name": "rwkv7-coreai", "annotations": code,
              **({"digest": {"gitCommit": pipeline["commit"]}} if pipeline["commit"] != ABSENT else {})},
             *_source_dependencies(source_manifest)]
     if not any(s["name"].startswith(f"{aimodel}/") for s in subs):  # a product built from the gated bundle
         deps += [{"name": f"aimodel/{aimodel.removesuffix('.aimodel')}/{name}", "digest": {"sha256": sha}}
                  for name, sha in sorted(gated.items()) if name.startswith(f"{aimodel}/")]
-    versions = export_record.get("toolchain") or toolchain_record["versions"]
+    versions = export_record["toolchain"]
+    tested_here = sorted(s["name"] for s in subs if gated.get(s["name"]) == s["digest"]["sha256"])
     return {
         "_type": STATEMENT_TYPE,
         "subject": subs,
@@ -172,7 +177,7 @@ def statement(bundle_dir: str | Path, *, bundle_rel: str, export_record: dict, g
                     "annotations": {
                         **{k: gate[k] for k in GATE_SUMMARY},
                         # the subjects whose exact bytes the gate ran (a device product: none)
-                        "subjects_tested": sorted(s["name"] for s in subs if gated.get(s["name"]) == s["digest"]["sha256"]),
+                        "subjects_tested": tested_here,
                     },
                 }],
             },
@@ -181,13 +186,15 @@ def statement(bundle_dir: str | Path, *, bundle_rel: str, export_record: dict, g
 
 
 def attest(staging_root: str | Path, bundle_rel: str, *, export_record: dict, gate: dict, source_manifest: dict,
-           toolchain_record: dict, targets: list[str]) -> dict:
+           targets: list[str], code: dict[str, str] | None = None) -> dict:
     """Write ``<bundle>.intoto.json`` into ``staging_root/bundle_rel`` (for this OS and checkout);
-    returns ``{"statement": relpath in the tree, "sha256": its digest}``."""
+    ``code``: {stage: code digest} of the stages that built it (Snakemake's ``params.code``).
+    Returns ``{"statement": relpath in the tree, "sha256": its digest}``."""
     bundle_dir = Path(staging_root) / bundle_rel
+    pipeline = pipeline_record() | ({"code": dict(sorted(code.items()))} if code else {})
     stmt = statement(bundle_dir, bundle_rel=bundle_rel, export_record=export_record, gate=gate,
-                     source_manifest=source_manifest, toolchain_record=toolchain_record, targets=targets,
-                     platform_info=platform_record(), pipeline=pipeline_record())
+                     source_manifest=source_manifest, targets=targets, platform_info=platform_record(),
+                     pipeline=pipeline)
     path = bundle_dir / statement_name(bundle_dir)
     path.write_text(dumps_json(stmt), encoding="utf-8", newline="\n")
     return {"statement": f"{bundle_rel}/{path.name}", "sha256": sha256_file(path)}

@@ -20,9 +20,11 @@ import os
 import shutil
 from pathlib import Path
 
-from .errors import PipelineError
+from . import stage
+from .errors import PipelineError, main_guard
 from .fsutil import IGNORED, atomic_path, dumps_json, first_difference, sha256_file, tree_manifest
 from .paths import VOCAB_TSV
+from .records import AOT, load_json, read_aot, read_export, read_manifest
 
 RECEIPT = "publish.json"
 
@@ -75,14 +77,11 @@ def _verify(staged: dict[str, dict], prefix: str, expected: dict[str, dict], ori
         raise PipelineError(origin / bad, f"{state} {what}", fix)
 
 
-def stage(out: Path, card: Path, vocab: Path, exports: list[Path], aots: list[Path], gates: list[Path],
+def stage_tree(out: Path, card: Path, vocab: Path, exports: list[Path], aots: list[Path], gates: list[Path],
           meta: dict) -> dict:
     """Build the staging tree atomically; returns the receipt (without push results). Every
     staged bundle file must be a byte the gate tested (or, for a device target, built from
     exactly the tested bundle): a bundle changed after its gate is refused, never shipped."""
-    from .aot import RECORD as AOT_RECORD, read_record as read_aot
-    from .export import read_record as read_export
-
     results = check_gates(gates)
     gate_file = dict(zip(results, gates))
     with atomic_path(out, directory=True) as tmp:
@@ -114,7 +113,7 @@ def stage(out: Path, card: Path, vocab: Path, exports: list[Path], aots: list[Pa
                 raise PipelineError(aot_dir, f"is not the lowering the {recipe} gate ran",
                                     "rerun the gate: snakemake --forcerun gate")
             dest = tmp / target / bundles[recipe]
-            for product in sorted(p for p in aot_dir.iterdir() if p.name not in IGNORED and p.name != AOT_RECORD):
+            for product in sorted(p for p in aot_dir.iterdir() if p.name not in IGNORED and p.name != AOT):
                 _link_tree(product, dest / product.name)
             _link_tree(vocab, dest / VOCAB_TSV)
             expected = {**rec["files"], VOCAB_TSV: {"sha256": sha256_file(vocab), "size": vocab.stat().st_size}}
@@ -206,3 +205,29 @@ def decide(publish_cfg: dict) -> tuple[bool, str]:
     if not token_from_env():
         return False, f"staging only: no HF_TOKEN in the environment (would publish to {publish_cfg['repo']})"
     return True, f"publishing to {publish_cfg['repo']}"
+
+
+@main_guard
+def main(argv=None) -> int:
+    """The publish stage (rule ``stage_and_push``): stage the Hub tree, check it, push when enabled."""
+    os.environ.setdefault("HF_HUB_DISABLE_XET", "1")  # read by huggingface_hub at import time
+    ns = stage.parser("publish", "model", "source", "card", "vocab", "toolchain", "out",
+                      lists=("exports", "gates", "aots")).parse_args(argv)
+    s, _ = stage.setup("stage_and_push", ns)
+    m = s["models"][ns.model]
+    manifest = read_manifest(Path(ns.source))
+    versions = load_json(Path(ns.toolchain))["versions"]
+    do_push, why = decide(m["publish"])
+    message = (f"{m['dir']}: Core AI bundles ({', '.join(m['recipes'])}) from {manifest['source']['uri']}"
+               f"@{manifest['source']['revision'] or 'local'}; coreai-core {versions['coreai-core']}, "
+               f"coreai-torch {versions['coreai-torch']}, torch {versions['torch']}")
+    meta = {"model": ns.model, "repo": m["publish"]["repo"], "source": manifest["source"],
+            "toolchain": versions, "commit_message": message, "push": {"pushed": False, "reason": why}}
+    receipt = stage_tree(Path(ns.out), Path(ns.card), Path(ns.vocab), ns.exports, ns.aots, ns.gates, meta)
+    if do_push:
+        receipt = push(Path(ns.out), receipt, m["publish"]["repo"], message, token_from_env())
+        pushed = receipt["push"]
+        stage.log.info("published %s to %s: commit %s (%d files committed, %d already identical)", ns.model,
+                       pushed["repo"], pushed["commit"], len(pushed["committed"]), len(pushed["skipped"]))
+    else:
+        stage.log.info("%s: %s; staged %d files in %s", ns.model, why, len(receipt["files"]), ns.out)

@@ -46,7 +46,7 @@ from typing import Callable, Iterator
 
 from .errors import PipelineError
 
-SWIFT_HASHING_ENV = "SWIFT_DETERMINISTIC_HASHING"
+SWIFT_HASHING_ENV = "SWIFT_DETERMINISTIC_HASHING"  # set by rwkv7_coreai/__init__.py, before coreai loads
 os.environ.setdefault(SWIFT_HASHING_ENV, "1")  # effective only if libswiftCore is not loaded yet
 
 log = logging.getLogger(__name__)

@@ -88,7 +88,8 @@ def _private_key(private_key_pem: str | Path):
     except ValueError:  # cryptography's text names neither the key nor its path
         raise PipelineError(KEY, "cannot be loaded (not a PEM private key, or a wrong password)", fix) from None
     except OSError as exc:
-        raise PipelineError(KEY, f"cannot be read ({exc.strerror})", f"check {KEY_ENV} and the file's permissions") from None
+        raise PipelineError(KEY, f"cannot be read ({exc.strerror})",
+                            f"check {KEY_ENV} and the file's permissions") from None
     if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name not in CURVES:
         raise PipelineError(KEY, "is not an elliptic-curve key on a curve model-signing supports", fix)
     return key
@@ -100,6 +101,19 @@ def public_key_pem(private_key_pem: str | Path) -> bytes:
 
     return _private_key(private_key_pem).public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def _public_key(public_key_pem: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    try:
+        key = serialization.load_pem_public_key(public_key_pem.read_bytes())
+    except ValueError:
+        key = None
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise PipelineError(public_key_pem, "is not a PEM elliptic-curve public key",
+                            f"verify with the {PUBLIC_KEY} published at the root of the same repository")
 
 
 def fingerprint(public_pem: bytes) -> str:
@@ -180,6 +194,7 @@ def verify(bundle_dir: str | Path, public_key_pem: str | Path, signature_path: s
         if not path.exists():
             raise PipelineError(path, f"{what} not found", "download the whole bundle folder and signing-key.pub "
                                 "(or sign it: set RWKV7_SIGNING_KEY and stage again)")
+    _public_key(public_key_pem)
     try:
         verifying.Config().use_elliptic_key_verifier(public_key=public_key_pem).set_hashing_config(
             _hashing(bundle_dir, signature_path)).verify(bundle_dir, signature_path)

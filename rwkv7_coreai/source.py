@@ -15,15 +15,15 @@ from pathlib import Path
 import yaml
 
 from . import checkpoint, synthetic
-from .errors import PipelineError
+from . import stage
+from .errors import PipelineError, main_guard
 from .fsutil import atomic_path, dumps_json, sha256_file, tree_manifest
+from .frontmatter import front_matter
 from .geometry import Geometry
 from .hub_download import fetch_hf
-from .vocab import check_checkpoint_vocab, package_vocab
+from .records import MANIFEST
+from .vocab import VOCAB_FILE, check_checkpoint_vocab, package_vocab
 
-VOCAB_FILE = "rwkv_vocab_v20230424.txt"
-MANIFEST = "manifest.json"
-FRONT = re.compile(r"\A---\n.*?\n---\n", re.S)  # a model card's YAML front matter
 # files of an HF snapshot we carry over besides the weights (the tokenizer and the card)
 CARRY = ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
          "added_tokens.json", VOCAB_FILE, "README.md")
@@ -36,35 +36,6 @@ def _copy(src: Path, dst: Path) -> None:
 
 def _pinned_vocab(vocab_cfg: dict) -> Path:
     return package_vocab(vocab_cfg["package"], vocab_cfg["version"], vocab_cfg["file"], vocab_cfg["sha256"])
-
-
-def front_matter(readme: Path) -> dict:
-    """The YAML front matter of a model card (``{}`` without one). Invalid YAML is a PipelineError
-    naming the line, so that a bad source card fails in the source stage, not in the card stage."""
-    fix = "fix the YAML between the --- lines at the top of README.md"
-    try:
-        text = readme.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise PipelineError(readme, f"is not UTF-8 (byte {exc.start})", "save README.md as UTF-8") from None
-    m = FRONT.match(text)
-    if not m:
-        return {}
-    body = m.group(0)[4:-4]  # between the --- lines: its line 1 is line 2 of the file
-    try:
-        meta = yaml.safe_load(body)
-    except yaml.YAMLError as exc:
-        mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        start = getattr(exc, "context_mark", None)
-        if start is not None and (mark is None or mark.line >= body.count("\n")):
-            mark, problem = start, f"{exc.context}: {problem}"  # ran off the end: say where it began
-        line = 2 + (mark.line if mark is not None else 0)
-        raise PipelineError(readme, f"YAML front matter is invalid at line {line} ({problem}): "
-                            f"{text.splitlines()[line - 1][:80]!r}", fix) from None
-    if meta is None:
-        return {}
-    if not isinstance(meta, dict):
-        raise PipelineError(readme, f"YAML front matter is a {type(meta).__name__}, not a mapping of keys", fix)
-    return meta
 
 
 def _manifest_of(files: list[Path], base: Path) -> dict[str, dict]:
@@ -153,9 +124,11 @@ def build_source(model_name: str, model_cfg: dict, vocab_cfg: dict, out: Path) -
     return manifest
 
 
-def read_manifest(source_dir: Path) -> dict:
-    path = Path(source_dir) / MANIFEST
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PipelineError(path, "source manifest missing", "run the source stage first") from None
+@main_guard
+def main(argv=None) -> int:
+    """The source stage: ``scripts/source.py --model M --out DIR``."""
+    ns = stage.parser("source", "model", "out").parse_args(argv)
+    s, _ = stage.setup("source", ns)
+    manifest = build_source(ns.model, s["models"][ns.model], s["vocab"], Path(ns.out))
+    stage.log.info("source %s: %s (%s layout) -> %s, %d files", ns.model, manifest["source"]["uri"],
+                   manifest["layout"], ns.out, len(manifest["files"]))

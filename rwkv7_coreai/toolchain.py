@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 
+from .errors import main_guard
+
 PACKAGES = ("torch", "coreai-core", "coreai-torch", "coreai-opt", "safetensors", "huggingface-hub", "numpy")
 
 
@@ -18,19 +20,22 @@ def versions() -> dict[str, str]:
     return out
 
 
-def code_fingerprint() -> str:
-    """sha256 over the package's code, templates and schemas (content, not mtimes): a change
-    reruns the toolchain stage in Snakemake (params) and DVC (deps), and so every export."""
-    import hashlib
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
-            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
 def record() -> dict:
-    return {"versions": versions(), "code_sha256": code_fingerprint()}
+    """What the toolchain stage writes (results/toolchain.json). The code each stage runs is
+    fingerprinted per stage instead (fingerprint.py), so editing one stage reruns only it."""
+    return {"versions": versions()}
+
+
+@main_guard
+def main(argv=None) -> int:
+    """The toolchain stage: ``scripts/toolchain.py --out results/toolchain.json``."""
+    import json
+
+    from . import stage
+    from .fsutil import write_json_atomic
+
+    ns = stage.parser("toolchain", "out").parse_args(argv)
+    stage.setup("toolchain", ns)
+    rec = record()
+    write_json_atomic(ns.out, rec)
+    stage.log.info("toolchain: %s", json.dumps(rec, sort_keys=True))

@@ -14,9 +14,11 @@ import itertools
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from .errors import PipelineError
+from .errors import PipelineError, main_guard
 from .fsutil import atomic_path, sha256_file
 from .tokenizer import TrieTokenizer
+
+VOCAB_FILE = "rwkv_vocab_v20230424.txt"  # the World vocab file as checkpoints (and the pinned package) name it
 
 WORLD_VOCAB_SIZE = 65529
 
@@ -212,3 +214,22 @@ def bake(original_path: Path, out: Path, official=None) -> dict:
         tmp.write_bytes(tsv_text(original).encode("ascii"))
         report = verify_bake(original, tmp, official=official)
     return report
+
+
+@main_guard
+def main(argv=None) -> int:
+    """The vocab stage: bake the pinned World vocab to ``rwkv_vocab.tsv`` and verify it."""
+    import pyrwkv_tokenizer
+
+    from . import stage
+
+    ns = stage.parser("vocab", "model", "source", "out").parse_args(argv)
+    s, _ = stage.setup("vocab", ns)
+    vc = s["vocab"]
+    original = package_vocab(vc["package"], vc["version"], vc["file"], vc["sha256"])
+    shipped = Path(ns.source) / VOCAB_FILE
+    if shipped.is_file():
+        check_checkpoint_vocab(shipped, original)
+    report = bake(original, Path(ns.out), official=pyrwkv_tokenizer.RWKVTokenizer())
+    stage.log.info("vocab %s: %d entries baked to %s; corpus of %d checked (%d also against pyrwkv_tokenizer)",
+                   ns.model, report["entries"], ns.out, report["corpus"], report["checked_official"])

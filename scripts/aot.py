@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Pipeline stage 'aot' (logic: rwkv7_coreai.cli.aot)."""
+"""Pipeline stage 'aot' (logic: rwkv7_coreai.aot.main)."""
 import sys
 
-from rwkv7_coreai.cli import aot
+from rwkv7_coreai.aot import main
 
-sys.exit(aot())
+sys.exit(main())

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Pipeline stage 'card' (logic: rwkv7_coreai.cli.card)."""
+"""Pipeline stage 'card' (logic: rwkv7_coreai.card.main)."""
 import sys
 
-from rwkv7_coreai.cli import card
+from rwkv7_coreai.card import main
 
-sys.exit(card())
+sys.exit(main())

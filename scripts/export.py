@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Pipeline stage 'export' (logic: rwkv7_coreai.cli.export)."""
+"""Pipeline stage 'export' (logic: rwkv7_coreai.export.main)."""
 import sys
 
-from rwkv7_coreai.cli import export
+from rwkv7_coreai.export import main
 
-sys.exit(export())
+sys.exit(main())

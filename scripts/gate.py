@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Pipeline stage 'gate' (logic: rwkv7_coreai.cli.gate)."""
+"""Pipeline stage 'gate' (logic: rwkv7_coreai.gate.main)."""
 import sys
 
-from rwkv7_coreai.cli import gate
+from rwkv7_coreai.gate import main
 
-sys.exit(gate())
+sys.exit(main())

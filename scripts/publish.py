@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Pipeline stage 'publish' (logic: rwkv7_coreai.cli.publish)."""
+"""Pipeline stage 'publish' (logic: rwkv7_coreai.publish.main)."""
 import sys
 
-from rwkv7_coreai.cli import publish
+from rwkv7_coreai.publish import main
 
-sys.exit(publish())
+sys.exit(main())

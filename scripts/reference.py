@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Pipeline stage 'reference' (logic: rwkv7_coreai.cli.reference)."""
+"""Pipeline stage 'reference' (logic: rwkv7_coreai.reference_stream.main)."""
 import sys
 
-from rwkv7_coreai.cli import reference
+from rwkv7_coreai.reference_stream import main
 
-sys.exit(reference())
+sys.exit(main())

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Pipeline stage 'source' (logic: rwkv7_coreai.cli.source)."""
+"""Pipeline stage 'source' (logic: rwkv7_coreai.source.main)."""
 import sys
 
-from rwkv7_coreai.cli import source
+from rwkv7_coreai.source import main
 
-sys.exit(source())
+sys.exit(main())

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Pipeline stage 'toolchain' (logic: rwkv7_coreai.cli.toolchain)."""
+"""Pipeline stage 'toolchain' (logic: rwkv7_coreai.toolchain.main)."""
 import sys
 
-from rwkv7_coreai.cli import toolchain
+from rwkv7_coreai.toolchain import main
 
-sys.exit(toolchain())
+sys.exit(main())

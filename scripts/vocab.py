@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Pipeline stage 'vocab' (logic: rwkv7_coreai.cli.vocab)."""
+"""Pipeline stage 'vocab' (logic: rwkv7_coreai.vocab.main)."""
 import sys
 
-from rwkv7_coreai.cli import vocab
+from rwkv7_coreai.vocab import main
 
-sys.exit(vocab())
+sys.exit(main())

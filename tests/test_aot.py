@@ -11,6 +11,7 @@ import pytest
 
 from rwkv7_coreai import aot
 from rwkv7_coreai.errors import PipelineError
+from rwkv7_coreai.records import read_aot
 
 AOT_CFG = {"min_deployment_version": "27.0", "preferred_compute": "gpu"}
 FAKE = """#!/usr/bin/env python3
@@ -55,7 +56,7 @@ def test_device_command_line(export_dir, fake_xcrun, tmp_path):
     assert opts["--platform"] == "iOS" and opts["--architecture"] == "h18p"
     assert opts["--preferred-compute"] == "gpu" and opts["--min-deployment-version"] == "27.0"
     assert (out / "m-fp16.h18p.aimodelc").is_dir()
-    record = aot.read_record(out)  # what it was compiled from, and what it holds
+    record = read_aot(out)  # what it was compiled from, and what it holds
     assert record["from"] == {"main.mlirb": {"sha256": hashlib.sha256(b"ir").hexdigest(), "size": 2}}
     assert record["target"] == "h18p" and record["recipe"] == "fp16" and record["product"] == "m-fp16.h18p.aimodelc"
 

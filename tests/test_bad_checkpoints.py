@@ -23,7 +23,8 @@ from safetensors.torch import save_file
 from rwkv7_coreai import blinkdl, card, checkpoint, vocab
 from rwkv7_coreai.errors import PipelineError, main_guard
 from rwkv7_coreai.geometry import Geometry
-from rwkv7_coreai.source import VOCAB_FILE, build_source
+from rwkv7_coreai.source import build_source
+from rwkv7_coreai.vocab import VOCAB_FILE
 from rwkv7_coreai.synthetic import pack_mixers, synthetic_state_dict
 
 G = Geometry(layers=2, hidden=64, head_dim=32, ffn=128, vocab=256, decay_lora=8, a_lora=8, v_lora=8, gate_lora=8)

@@ -115,7 +115,7 @@ def test_an_internal_error_is_one_line_and_the_traceback_goes_to_the_log(tmp_pat
     log = tmp_path / "toolchain.log"
     line = one_line(capsys, cli.toolchain(["--config-file", str(config_file(tmp_path)), "--out",
                                            str(tmp_path / "t.json"), "--log", str(log)]))
-    assert line == ("error: scripts/toolchain.py: internal error (RuntimeError: unexpected state) -- fix: this is a "
+    assert line == ("error: rwkv7_coreai.toolchain: internal error (RuntimeError: unexpected state) -- fix: this is a "
                     f"bug: please report it with the traceback in {log}")
     text = log.read_text()
     assert "Traceback (most recent call last)" in text and line in text

@@ -19,7 +19,8 @@ from rwkv7_coreai import blinkdl, checkpoint
 from rwkv7_coreai.config import load as load_config
 from rwkv7_coreai.errors import PipelineError
 from rwkv7_coreai.geometry import Geometry, expected_shapes
-from rwkv7_coreai.source import build_source, read_manifest
+from rwkv7_coreai.records import read_manifest
+from rwkv7_coreai.source import build_source
 from rwkv7_coreai.synthetic import pack_mixers, synthetic_state_dict, write_weights
 
 REPO = Path(__file__).resolve().parents[1]

@@ -41,7 +41,7 @@ def test_metrics_and_plots_and_params(repo_root):
 
 
 def _index_from(jobs):
-    return {dag.stage_name(j): {"cmd": j["cmd"], "deps": sorted(j["deps"] + (dag.CODE_DEPS if j["rule"] == "toolchain" else [])),
+    return {dag.stage_name(j): {"cmd": j["cmd"], "deps": sorted(j["deps"] + dag.code_files(j["rule"])),
                                 "outs": sorted(j["outs"])} for j in jobs if j["cmd"]}
 
 

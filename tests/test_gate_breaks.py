@@ -18,7 +18,8 @@ from rwkv7_coreai import cli, export_graph
 from rwkv7_coreai.aot import build_target
 from rwkv7_coreai.errors import PipelineError
 from rwkv7_coreai.export import export_recipe
-from rwkv7_coreai.gate import gate_bundle, reference_stream
+from rwkv7_coreai.gate import gate_bundle
+from rwkv7_coreai.reference_stream import reference_stream
 
 PROMPTS = ["Hello, who are you?", "What is 17 times 23?"]
 STEPS = 28

@@ -58,12 +58,12 @@ def _flip(path: Path, offset: int = 1000) -> None:
 
 @pytest.fixture(scope="module")
 def inputs(tiny_results):
-    """What publish holds for the recipe: export record, gate, source manifest, toolchain record."""
+    """What publish holds for the recipe: export record, gate, source manifest, code digests."""
     base = tiny_results / MODEL
     return {"export_record": json.loads((base / "export" / RECIPE / "export.json").read_text()),
             "gate": json.loads((base / "gate" / f"{RECIPE}.json").read_text()),
             "source_manifest": json.loads((base / "source" / "manifest.json").read_text()),
-            "toolchain_record": json.loads((tiny_results / "toolchain.json").read_text())}
+            "code": {"export": "e" * 64, "aot": "a" * 64, "gate": "9" * 64}}
 
 
 @pytest.fixture
@@ -127,12 +127,13 @@ def test_statement_describes_the_bundle_folder(hub, inputs, cfg, tiny_results):
     assert {n.removeprefix("source/"): d["digest"]["sha256"] for n, d in deps.items()
             if n.startswith("source/") and not n.startswith("source/upstream/")} == source_files
     manifest = json.loads((source_dir / "manifest.json").read_text())["source"]
-    assert deps["source"]["uri"] == manifest["uri"] and deps["source"]["annotations"]["revision"] == manifest["revision"]
+    assert deps["source"]["uri"] == manifest["uri"]
+    assert deps["source"]["annotations"]["revision"] == manifest["revision"]
     git = subprocess.run(["git", "-C", str(Path(__file__).parents[1]), "rev-parse", "HEAD"],
                          capture_output=True, text=True)
     if git.returncode == 0:
         assert deps["rwkv7-coreai"]["digest"] == {"gitCommit": git.stdout.strip()}
-    assert deps["rwkv7-coreai"]["annotations"]["code_sha256"] == inputs["toolchain_record"]["code_sha256"]
+    assert deps["rwkv7-coreai"]["annotations"]["code"] == inputs["code"]
 
     tools = build["internalParameters"]["toolchain"]
     for pkg in ("torch", "coreai-core", "coreai-torch", "coreai-opt"):
@@ -190,7 +191,8 @@ def test_statement_is_byte_reproducible_and_host_free(hub, inputs, tmp_path):
 
     walk(json.loads(text))
     assert str(tmp_path) not in text and not any(s.startswith("/") for s in leaves)
-    assert socket.gethostname() not in leaves and all(socket.gethostname() not in s for s in leaves if len(socket.gethostname()) > 3)
+    host = socket.gethostname()
+    assert host not in leaves and (len(host) < 4 or all(host not in s for s in leaves))
 
 
 def test_sources_are_named_without_local_paths(inputs, hub, tmp_path):
@@ -201,7 +203,7 @@ def test_sources_are_named_without_local_paths(inputs, hub, tmp_path):
     hf = {**src, "source": {"kind": "hf", "uri": "hf://RWKV/Some-Model", "revision": rev},
           "upstream": {"model.safetensors": {"sha256": "cd" * 32, "size": 1}}}
     common = dict(bundle_rel=AIMODEL_REL, export_record=inputs["export_record"], gate=inputs["gate"],
-                  toolchain_record=inputs["toolchain_record"], targets=["universal"],
+                  targets=["universal"],
                   platform_info=provenance.platform_record(), pipeline=provenance.pipeline_record())
     deps = {d["name"]: d for d in provenance.statement(hub / AIMODEL_REL, source_manifest=local, **common)
             ["predicate"]["buildDefinition"]["resolvedDependencies"]}
@@ -229,6 +231,26 @@ def test_platform_record_on_macos(monkeypatch, tmp_path):
     assert rec["coreai_build"] == "coreai-build version 27.0 (2701.1)"
     (bin_dir / "xcrun").write_text("#!/bin/sh\nexit 1\n")
     assert provenance.platform_record()["coreai_build"] == "absent"
+
+
+def test_pipeline_commit_is_this_checkouts_and_says_when_it_is_dirty(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       check=True, capture_output=True)
+
+    repo = tmp_path / "checkout"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "c")
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert provenance.pipeline_record(repo) | {"version": None} == {"commit": head, "dirty": False, "version": None}
+    (repo / "pkg" / "code.py").write_text("x = 2\n")
+    assert provenance.pipeline_record(repo)["dirty"] is True
+    # a copy that merely sits inside some other repository is not that repository's commit
+    assert provenance.pipeline_record(repo / "pkg")["commit"] == "absent"
+    assert provenance.pipeline_record(tmp_path)["commit"] == "absent"  # no repository at all
 
 
 def test_sign_then_verify_with_api_and_cli_and_one_flipped_byte_is_rejected(hub, inputs, with_key, capfd):
@@ -271,6 +293,8 @@ def test_added_file_wrong_key_and_foreign_signature_are_rejected(hub, with_key, 
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     with pytest.raises(PipelineError, match="was not made by the key stranger.pub"):
         signing.verify(hub / AIMODEL_REL, stranger, aim_sig)
+    with pytest.raises(PipelineError, match="is not a PEM elliptic-curve public key"):
+        signing.verify(hub / AIMODEL_REL, with_key, aim_sig)  # the private key given by mistake
     with pytest.raises(PipelineError, match="it signs another bundle"):
         signing.verify(hub / UNIVERSAL_REL, pub, aim_sig)
     (hub / AIMODEL_REL / "extra.txt").write_text("not signed")

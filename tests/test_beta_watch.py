@@ -1,0 +1,303 @@
+"""beta-watch, offline: a re-versioned copy of an installed Core AI wheel on a local package index
+(127.0.0.1) is found, the pins move together, and `--apply` rebuilds in a throwaway worktree
+exactly toolchain -> export -> aot -> gate -> card -> publish and reports old vs new.
+
+The re-versioned package is coreai-opt (0.4.0 -> 0.4.1b1, a pre-release): pure Python, ~3 MB
+installed (~0.4 MB as a wheel); coreai-core is 196 MB of native libraries and coreai-torch is
+pinned to it. The copy is byte-identical code, so the rebuild must show NO regression."""
+
+from __future__ import annotations
+
+import base64
+import collections
+import contextlib
+import functools
+import hashlib
+import http.server
+import importlib.metadata
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from rwkv7_coreai import beta_watch
+from rwkv7_coreai.errors import PipelineError
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE, OLD, NEW = "coreai-opt", "0.4.0", "0.4.1b1"
+INSTALLER_FILES = {"INSTALLER", "REQUESTED", "RECORD", "direct_url.json"}
+
+
+def reversion_wheel(name: str, version: str, out_dir: Path) -> Path:
+    """A wheel of the INSTALLED distribution ``name`` (files found through importlib.metadata)
+    under a new version: dist-info renamed, METADATA's Version and RECORD rewritten."""
+    dist = importlib.metadata.distribution(name)
+    stem = re.sub(r"[-_.]+", "_", dist.metadata["Name"])
+    old_info, new_info = f"{stem}-{dist.version}.dist-info", f"{stem}-{version}.dist-info"
+    tag = next(line.split(":", 1)[1].strip() for line in dist.read_text("WHEEL").splitlines() if line.startswith("Tag:"))
+    wheel = out_dir / f"{stem}-{version}-{tag}.whl"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = []
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+        for f in dist.files:
+            if f.parts[0] == ".." or "__pycache__" in f.parts or (f.parts[0] == old_info and f.name in INSTALLER_FILES):
+                continue  # installer-made files: scripts, bytecode, install records
+            data, rel = Path(dist.locate_file(f)).read_bytes(), f.as_posix()
+            if f.parts[0] == old_info:
+                rel = new_info + rel[len(old_info):]
+                if f.name == "METADATA":
+                    data = re.sub(rb"^Version: .*$", f"Version: {version}".encode(), data, count=1, flags=re.M)
+            zf.writestr(rel, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{rel},sha256={digest},{len(data)}")
+        zf.writestr(f"{new_info}/RECORD", "\n".join([*record, f"{new_info}/RECORD,,"]) + "\n")
+    return wheel
+
+
+@contextlib.contextmanager
+def serve(directory: Path):
+    """A PEP 503 index: http.server's directory listings of <root>/simple/<project>/ on 127.0.0.1."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory):
+    root = tmp_path_factory.mktemp("index")
+    wheel = reversion_wheel(PACKAGE, NEW, root / "simple" / canonicalize_name(PACKAGE))
+    with serve(root) as url:
+        yield url, wheel
+
+
+def test_the_reversioned_wheel_is_small_and_consistent(index):
+    _, wheel = index
+    assert wheel.name == "coreai_opt-0.4.1b1-py3-none-any.whl"
+    assert wheel.stat().st_size < 2_000_000, f"{wheel.stat().st_size} bytes"  # measured: ~0.42 MB
+    with zipfile.ZipFile(wheel) as zf:
+        assert re.search(r"^Version: 0\.4\.1b1$", zf.read("coreai_opt-0.4.1b1.dist-info/METADATA").decode(), re.M)
+        rows = [line.split(",") for line in zf.read("coreai_opt-0.4.1b1.dist-info/RECORD").decode().splitlines()]
+        for name, digest, size in rows:
+            if digest:
+                data = zf.read(name)
+                assert digest == "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+                assert int(size) == len(data)
+        assert {r[0] for r in rows} == set(zf.namelist())
+
+
+def test_finds_the_newer_prerelease_on_a_local_index(index):
+    url, _ = index
+    pins = beta_watch.read_pins(ROOT / "requirements.txt", beta_watch.DEFAULTS["packages"])
+    assert pins == {"coreai-core": Version("1.0.0b3"), "coreai-torch": Version("0.4.3"), "coreai-opt": Version(OLD)}
+    assert beta_watch.find_updates(pins, url) == {PACKAGE: (Version(OLD), Version(NEW))}
+    # nothing newer than a pin equal to what the index has, and projects the index lacks are not errors
+    assert beta_watch.find_updates({PACKAGE: Version(NEW), "coreai-core": Version("1.0.0b3")}, url) == {}
+
+
+def test_an_unreachable_index_is_an_error_not_nothing_new():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(PipelineError, match="could not be reached"):
+        beta_watch.index_versions(PACKAGE, f"http://127.0.0.1:{port}/simple")
+
+
+def _pins(path: Path) -> list[str]:
+    """The pins of requirements.txt or a conda env file, read independently of beta_watch."""
+    if path.suffix == ".yaml":
+        deps = yaml.safe_load(path.read_text())["dependencies"]
+        lines = next(d["pip"] for d in deps if isinstance(d, dict))
+    else:
+        lines = path.read_text().splitlines()
+    return sorted(line.split("#")[0].strip() for line in lines if "==" in line and not line.lstrip().startswith("#"))
+
+
+def test_bump_moves_requirements_and_every_env_together(tmp_path):
+    shutil.copy2(ROOT / "requirements.txt", tmp_path / "requirements.txt")
+    shutil.copytree(ROOT / "envs", tmp_path / "envs")
+    before = {p: p.read_text() for p in [tmp_path / "requirements.txt", *tmp_path.glob("envs/*.yaml")]}
+    updates = {"coreai-core": (Version("1.0.0b3"), Version("1.0.0b4")), PACKAGE: (Version(OLD), Version(NEW))}
+    files = beta_watch.bump_pins(tmp_path, updates)
+    assert sorted(files) == sorted(before) and len(files) >= 3
+    reqs = _pins(tmp_path / "requirements.txt")
+    assert "coreai-core==1.0.0b4" in reqs and f"{PACKAGE}=={NEW}" in reqs and "coreai-torch==0.4.3" in reqs
+    for path, text in before.items():
+        assert _pins(path) == reqs, path.name  # every env equals requirements.txt (as tests/test_envs.py wants)
+        changed = [(a, b) for a, b in zip(text.splitlines(), path.read_text().splitlines()) if a != b]
+        assert len(changed) == 2 and len(text.splitlines()) == len(path.read_text().splitlines()), changed
+    env = next(tmp_path.glob("envs/*.yaml"))
+    env.write_text(env.read_text().replace("coreai-torch==0.4.3", "coreai-torch==0.4.2"))
+    with pytest.raises(PipelineError, match=rf"{env.name}: no line\(s\) pin coreai-torch==0.4.3"):
+        beta_watch.bump_pins(tmp_path, {"coreai-torch": (Version("0.4.3"), Version("0.5.0"))})
+
+
+def _gate(agree, counted, dlogits, ok=True):
+    return {"pass": ok, "agree_counted": agree, "counted": counted, "agree_rate": agree / counted,
+            "max_abs_dlogits": dlogits, "reasons": [] if ok else ["top-1 agreement 20/32 is below 1.0"]}
+
+
+def test_regression_limits():
+    limits = beta_watch.DEFAULTS["limits"]
+    assert beta_watch.regressions(_gate(32, 32, 0.35), _gate(32, 32, 0.35), limits) == []
+    assert beta_watch.regressions(_gate(32, 32, 0.35), _gate(32, 32, 0.69), limits) == []  # x1.97 < x2
+    assert beta_watch.regressions(_gate(32, 32, 2.3e-5), _gate(32, 32, 1.9e-4), limits) == []  # under 2 x floor
+    grew = beta_watch.regressions(_gate(32, 32, 0.35), _gate(32, 32, 0.71), limits)
+    assert len(grew) == 1 and grew[0].startswith("max|dlogits| grew 0.35 -> 0.71 (x2.0")
+    dropped = beta_watch.regressions(_gate(32, 32, 0.35), _gate(31, 32, 0.35), limits)
+    assert dropped == ["top-1 agreement dropped 32/32 -> 31/32 (limit: a drop of 0)"]
+    assert beta_watch.regressions(_gate(31, 32, 0.35), _gate(31, 32, 0.35), limits) == []
+    failed = beta_watch.regressions(_gate(32, 32, 0.35), _gate(20, 32, 5.0, ok=False), limits)
+    assert failed == ["gate failed: top-1 agreement 20/32 is below 1.0"]
+    loose = beta_watch.settings({"beta_watch": {"limits": {"max_agree_drop": 0.05}}}, ["max_dlogits_factor=3"])
+    assert loose["limits"] == {**limits, "max_agree_drop": 0.05, "max_dlogits_factor": 3.0}
+    assert beta_watch.regressions(_gate(32, 32, 0.35), _gate(31, 32, 0.9), loose["limits"]) == []
+    with pytest.raises(PipelineError, match="--limits"):
+        beta_watch.settings({}, ["max_dlogits=3"])
+
+
+def test_the_beta_venv_runs_the_new_wheel_on_the_current_torch(index, tmp_path):
+    url, _ = index
+    updates = {PACKAGE: (Version(OLD), Version(NEW))}
+    env = beta_watch.prepare_env(tmp_path / "venv", tmp_path, updates, url)  # verifies itself, too
+    probe = ("import importlib.metadata as md, coreai_opt, torch, json; print(json.dumps([md.version('coreai-opt'), "
+             "coreai_opt.__file__, torch.__file__, md.version('torch')]))")
+    got = json.loads(subprocess.run([tmp_path / "venv/bin/python", "-c", probe], env=env, capture_output=True,
+                                    text=True, check=True).stdout.splitlines()[-1])
+    import torch
+
+    assert got[0] == NEW and got[1].startswith(str(tmp_path / "venv"))
+    assert got[2] == torch.__file__ and got[3] == importlib.metadata.version("torch")  # not reinstalled
+    assert importlib.metadata.version(PACKAGE) == OLD  # the current venv is untouched
+    assert not any(k in env for k in beta_watch.TOKEN_VARS)
+
+
+def test_the_workflow_passes_actionlint():
+    workflow = ROOT / ".github/workflows/beta-rebuild.yml"
+    actionlint = shutil.which("actionlint", path=str(Path(sys.executable).parent))
+    assert actionlint, "actionlint is not installed: pip install -r requirements-test.txt"
+    proc = subprocess.run([actionlint, "-no-color", str(workflow)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    spec = yaml.safe_load(workflow.read_text())
+    triggers = spec[True]  # YAML 1.1 reads the key `on` as true
+    assert triggers["schedule"][0]["cron"] and "workflow_dispatch" in triggers
+    assert any("macos" in str(job["runs-on"]) for job in spec["jobs"].values())
+    # a deliberately broken copy is rejected, so the check can fail
+    bad = workflow.read_text().replace("runs-on: ubuntu-latest", "runs-on: ubuntu-latest\n    needs: no-such-job", 1)
+    proc = subprocess.run([actionlint, "-no-color", "-"], input=bad, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode != 0 and "no-such-job" in proc.stdout
+
+
+# --- the full --apply: one expensive test -----------------------------------------------------------
+def _digests(tree: Path) -> dict[str, str]:
+    return {str(p.relative_to(tree)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(tree.rglob("*")) if p.is_file()}
+
+
+def _degrade_int8keepproj(tree: Path) -> None:
+    """A worse bundle in the rebuilt tree, built for real by the stage entry points: int8keepproj
+    re-exported with 4-bit weights (and a gate threshold that lets it pass, so beta-watch's own
+    limits, not the gate, must catch it)."""
+    from rwkv7_coreai import cli
+    from rwkv7_coreai.paths import Layout
+
+    cfg = yaml.safe_load((tree / "config.yaml").read_text())
+    cfg["results"] = str(tree / "results")
+    cfg["recipes"]["int8keepproj"]["quantize"]["bits"] = 4
+    cfg["gate"]["thresholds"]["int8keepproj"]["min_agree"] = 0.0
+    conf = tree / "worse.yaml"
+    conf.write_text(yaml.safe_dump(cfg))
+    lay, base = Layout(tree / "results", "rwkv7-tiny"), ["--config-file", str(conf), "--model", "rwkv7-tiny",
+                                                         "--recipe", "int8keepproj"]
+    exp, aot = lay.export("int8keepproj"), lay.aot("universal", "int8keepproj")
+    assert cli.export([*base, "--source", str(lay.source), "--out", str(exp)]) == 0
+    assert cli.aot([*base, "--target", "universal", "--export", str(exp), "--out", str(aot)]) == 0
+    assert cli.gate([*base, "--export", str(exp), "--aot", str(aot), "--reference", str(lay.reference),
+                     "--json", str(lay.gate_json("int8keepproj")), "--tsv", str(lay.gate_tsv("int8keepproj"))]) == 0
+
+
+@pytest.mark.slow
+def test_apply_rebuilds_exactly_the_toolchain_stages_and_reports(index, tiny_results, tmp_path, monkeypatch, capsys):
+    from test_pipeline_integration import fresh_copy, run
+
+    url, _ = index
+    t0 = time.perf_counter()
+    # the baseline: a clone whose results/ is the shared tiny tree, with that tree's gate settings
+    repo = fresh_copy(tmp_path / "repo")
+    gate = yaml.safe_load((tiny_results.parent / "config.yaml").read_text())["gate"]
+    cfg = yaml.safe_load((repo / "config.yaml").read_text())
+    (repo / "config.yaml").write_text(yaml.safe_dump({**cfg, "gate": gate}, sort_keys=False, allow_unicode=True))
+    shutil.copytree(tiny_results, repo / "results")
+    run("snakemake --cores 1 --touch publish && git commit -qam baseline", repo)  # realign file times, record in DVC
+    assert "Nothing to be done" in run("snakemake -n --cores 1 publish", repo).stdout
+    baseline = _digests(repo / "results")
+    cli = f"{sys.executable} -m rwkv7_coreai beta-watch --index-url {url}"
+
+    dry = run(cli, repo)
+    assert f"{PACKAGE} {OLD} -> {NEW} (pre-release)" in dry.stdout
+    assert "  rwkv7-tiny: export fp16, fp32, int8keepproj; aot universal/fp16, universal/fp32, universal/int8keepproj;" \
+           " gate fp16, fp32, int8keepproj; card; stage_and_push" in dry.stdout, dry.stdout
+    assert "source" not in dry.stdout and not (repo / "reports").exists()
+
+    tree = tmp_path / "rebuilt"
+    t1 = time.perf_counter()
+    proc = run(f"{cli} --apply --worktree {tree}", repo)
+    apply_s = time.perf_counter() - t1
+    assert "beta-watch: no regression" in proc.stdout, proc.stdout + proc.stderr
+    report = json.loads((repo / f"reports/beta-{PACKAGE}-{NEW}.json").read_text())
+    ran = collections.Counter(j["rule"] for j in report["jobs"]["executed"])
+    assert ran == {"toolchain": 1, "export": 3, "aot": 3, "gate": 3, "card": 1, "stage_and_push": 1, "publish": 1}
+    assert sorted(map(str, report["jobs"]["planned"])) == sorted(map(str, report["jobs"]["executed"]))
+    assert report["verdict"] == "no regression" and report["regressions"] == [] and report["snakemake_exit"] == 0
+    # what the rebuilt tree says, read independently
+    assert json.loads((tree / "results/toolchain.json").read_text())["versions"][PACKAGE] == NEW
+    assert report["toolchain"]["new"][PACKAGE] == NEW and report["toolchain"]["old"][PACKAGE] == OLD
+    for path in [tree / "requirements.txt", *tree.glob("envs/*.yaml")]:
+        assert f"{PACKAGE}=={NEW}" in _pins(path), path
+    for rel in ("rwkv7-tiny/source/model.safetensors", "rwkv7-tiny/vocab/rwkv_vocab.tsv",
+                "rwkv7-tiny/reference/stream.npz"):  # not rebuilt: the copy, file times and all
+        assert (tree / "results" / rel).stat().st_mtime_ns == (repo / "results" / rel).stat().st_mtime_ns, rel
+    for row in report["recipes"]:
+        old_json = json.loads((repo / f"results/rwkv7-tiny/gate/{row['recipe']}.json").read_text())
+        new_json = json.loads((tree / f"results/rwkv7-tiny/gate/{row['recipe']}.json").read_text())
+        for key in ("agree_counted", "counted", "max_abs_dlogits", "mean_kl", "bundle_sha256", "size_bytes"):
+            assert row["old"][key] == old_json[key] and row["new"][key] == new_json[key], key
+        assert new_json["toolchain"][PACKAGE] == NEW and row["new"]["pass"] is True
+        assert row["new"]["export_seconds"] > 0 and row["new"]["export_peak_rss_mb"] > 100
+    md = (repo / f"reports/beta-{PACKAGE}-{NEW}.md").read_text()
+    assert "**no regression**" in md and "| rwkv7-tiny | int8keepproj | PASS → PASS | 40/40 → 40/40 |" in md, md
+    assert _digests(repo / "results") == baseline, "the baseline results/ must not change"
+    assert str(tree) in run("git worktree list", repo).stdout  # --worktree keeps it
+
+    # a worse bundle on the new side: a regression, exit 1, and the report says why
+    _degrade_int8keepproj(tree)
+    jobs = [beta_watch.Job.from_json(j) for j in report["jobs"]["executed"]]
+    monkeypatch.setattr(beta_watch, "rebuild", lambda *a, **k: beta_watch.Rebuild(tree, jobs, sorted(jobs), [], 0, 1.0))
+    monkeypatch.chdir(repo)
+    capsys.readouterr()
+    assert beta_watch.main(["--index-url", url, "--apply"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {repo}/reports/beta-{PACKAGE}-{NEW}.md: REGRESSION"), err
+    assert "rwkv7-tiny/int8keepproj: max|dlogits| grew 0.3" in err[0] and "fix: do not adopt" in err[0]
+    worse = json.loads((repo / f"reports/beta-{PACKAGE}-{NEW}.json").read_text())
+    assert worse["verdict"] == "REGRESSION"
+    assert [r["recipe"] for r in worse["recipes"] if r["regressions"]] == ["int8keepproj"]
+    assert "max|dlogits| grew" in (repo / f"reports/beta-{PACKAGE}-{NEW}.md").read_text()
+    print(f"beta-watch test: --apply {apply_s:.0f} s, whole test {time.perf_counter() - t0:.0f} s")
