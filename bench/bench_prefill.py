@@ -3,7 +3,7 @@
 chunked ``prefill`` entry point (T tokens per call), both functions in ONE bundle, same run.
 
     python bench/bench_prefill.py [--models tiny 0.1b] [--chunks 16 64 128] [--prompt 512]
-                                  [--main-tokens tiny=512 0.1b=32] [--dtype float32]
+                                  [--main-tokens tiny=512 0.1b=32] [--dtype float32] [--profile]
 
 Per model: export ``main`` once, convert it alone (size baseline), then per chunk T export
 ``prefill``, convert main + prefill into one ``.aimodel``, lower it, load both functions over
@@ -120,6 +120,43 @@ class PromptSession(DecodeSession):
 # ------------------------------------------------------------------------------------------------
 # the benchmark
 # ------------------------------------------------------------------------------------------------
+def op_profile(session: PromptSession, function: str, n_tokens: int) -> dict[str, float]:
+    """Milliseconds per op kind for one call of ``function`` (coreai.runtime.Profiler intervals),
+    on a copy of the session's states; 'total' is the whole call."""
+    import collections
+    import itertools
+
+    rt = session._rt
+    ids, open_, spent, count = itertools.count(), {}, collections.Counter(), collections.Counter()
+
+    def begin(ev) -> int:
+        i = next(ids)
+        open_[i] = (time.perf_counter_ns(), ev.event_id)
+        return i
+
+    def end(ev, i: int) -> None:
+        t0, name = open_.pop(i)
+        spent[name] += time.perf_counter_ns() - t0
+        count[name] += 1
+
+    fn = session._model.load_function(function, profiler=rt.Profiler(on_log_event_begin=begin, on_log_event_end=end))
+    states = {k: rt.NDArray(v) for k, v in session.state_arrays().items()}
+    shape = (1, n_tokens)
+    inputs = {"input_ids": rt.NDArray(np.ones(shape, np.int32)), "position_ids": rt.NDArray(np.zeros(shape, np.int32))}
+    session._loop.run_until_complete(fn(inputs=inputs, state=states))
+    out = {"total": spent.pop("Function Execute", 0) / 1e6}
+    for name, ns in spent.most_common():
+        short = name.replace("call.coreai.", "").replace("decomposable.broadcasting_", "")
+        out[f"{short} x{count[name]}"] = round(ns / 1e6, 1)
+    return out
+
+
+def _print_profile(name: str, T: int, prof: dict[str, dict[str, float]]) -> None:
+    for fn, ops in prof.items():
+        top = ", ".join(f"{k} {v:.0f}" for k, v in list(ops.items())[1:7])
+        print(f"  profile {name} T={T} {fn}: {ops['total']:.0f} ms per call; top op kinds (ms): {top}", flush=True)
+
+
 def geometry(name: str) -> tuple[Geometry, int]:
     """(shape, seed): the default tiny model of config.yaml, or a 0.1B-shaped synthetic one
     (RWKV-7 0.1B: 12 layers, C 768, ffn 3072, LoRA dims 64/64/32/128)."""
@@ -134,7 +171,8 @@ def geometry(name: str) -> tuple[Geometry, int]:
     raise SystemExit(f"error: --models: unknown model {name!r} -- fix: use tiny or 0.1b")
 
 
-def bench_model(name: str, chunks: list[int], n_prompt: int, n_main: int, dtype: torch.dtype, tmp: Path) -> list[dict]:
+def bench_model(name: str, chunks: list[int], n_prompt: int, n_main: int, dtype: torch.dtype, tmp: Path,
+                profile: bool = False) -> list[dict]:
     from rwkv7_coreai.synthetic import synthetic_state_dict
 
     g, seed = geometry(name)
@@ -162,39 +200,61 @@ def bench_model(name: str, chunks: list[int], n_prompt: int, n_main: int, dtype:
         lower_universal(bundle, lowered)
         with PromptSession(lowered, state_shapes(g), npdt, T) as s:
             if main_rate is None:  # the main graph is the same ep in every bundle: time it once
-                t0 = time.perf_counter()
-                for tok in prompt[:n_main]:
-                    main_logits = s.step(tok)
-                main_rate = n_main / (time.perf_counter() - t0)
+                with Clock() as c:
+                    for tok in prompt[:n_main]:
+                        main_logits = s.step(tok)
+                main_rate = c.rates(n_main)
                 if n_main < n_prompt:
                     main_logits = None
                 s.reset()
-            t0 = time.perf_counter()
-            pre_logits = s.feed(prompt)
-            pre_rate = n_prompt / (time.perf_counter() - t0)
+            with Clock() as c:
+                pre_logits = s.feed(prompt)
+            pre_rate = c.rates(n_prompt)
+            prof = {"main": op_profile(s, "main", 1), "prefill": op_profile(s, "prefill", T)} if profile else None
         rows.append({"model": name, "chunk": T, "prefill_state_writes": writes,
                      "export_main_s": round(export_main_s, 1), "export_prefill_and_convert_s": round(export_s, 1),
                      "bundle_main_only_bytes": main_only, "bundle_bytes": bundle_bytes(bundle),
                      "size_ratio": round(bundle_bytes(bundle) / main_only, 4),
-                     "main_tok_s": round(main_rate, 2), "main_tokens_fed": n_main,
-                     "prefill_tok_s": round(pre_rate, 2), "ratio": round(pre_rate / main_rate, 1),
+                     "main_tok_s": main_rate, "main_tokens_fed": n_main, "prefill_tok_s": pre_rate,
+                     "ratio": {k: round(pre_rate[k] / main_rate[k], 1) for k in pre_rate},
                      "max_abs_dlogits_prefill_vs_main": None if main_logits is None
                      else float(np.abs(pre_logits - main_logits).max())})
         print(_row(rows[-1], n_prompt), flush=True)
+        if prof:
+            rows[-1]["op_profile_ms"] = prof
+            _print_profile(name, T, prof)
         shutil.rmtree(bundle)
         shutil.rmtree(lowered)
     return rows
 
 
-HEADER = (f"{'model':6} {'T':>4} {'main tok/s':>10} {'prefill tok/s':>13} {'ratio':>7} {'bundle MB':>10} "
-          f"{'size x':>7} {'export s':>9} {'|dlogit|':>9}  note")
+class Clock:
+    """Wall and process-CPU seconds of a block. The runtime executes on the calling thread, so CPU
+    time is what the work costs even when other jobs share the cores (wall time then inflates)."""
+
+    def __enter__(self) -> "Clock":
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+    def rates(self, n: int) -> dict[str, float]:
+        return {"wall": round(n / self.wall, 2), "cpu": round(n / self.cpu, 2)}
+
+
+HEADER = (f"{'model':6} {'T':>4} {'main tok/s':>16} {'prefill tok/s':>16} {'ratio':>13} {'bundle MB':>10} "
+          f"{'size x':>7} {'export s':>9} {'|dlogit|':>9}  note\n"
+          f"{'':11} {'cpu / wall':>16} {'cpu / wall':>16} {'cpu / wall':>13}")
 
 
 def _row(r: dict, n_prompt: int) -> str:
     note = "" if r["main_tokens_fed"] == n_prompt else f"main rate from {r['main_tokens_fed']} tokens, extrapolated"
     d = "-" if r["max_abs_dlogits_prefill_vs_main"] is None else f"{r['max_abs_dlogits_prefill_vs_main']:.2g}"
-    return (f"{r['model']:6} {r['chunk']:4d} {r['main_tok_s']:10.2f} {r['prefill_tok_s']:13.2f} {r['ratio']:6.1f}x "
-            f"{r['bundle_bytes'] / 1e6:10.1f} {r['size_ratio']:7.4f} {r['export_prefill_and_convert_s']:9.1f} {d:>9}  {note}")
+    pair = lambda x, f: f"{x['cpu']:{f}} / {x['wall']:{f}}"  # noqa: E731
+    return (f"{r['model']:6} {r['chunk']:4d} {pair(r['main_tok_s'], '7.2f'):>16} {pair(r['prefill_tok_s'], '7.1f'):>16} "
+            f"{pair(r['ratio'], '5.1f'):>13} {r['bundle_bytes'] / 1e6:10.1f} {r['size_ratio']:7.4f} "
+            f"{r['export_prefill_and_convert_s']:9.1f} {d:>9}  {note}")
 
 
 def main() -> None:
@@ -205,6 +265,7 @@ def main() -> None:
     ap.add_argument("--main-tokens", nargs="+", default=["tiny=512", "0.1b=32"],
                     help="model=N: tokens fed through main to measure its rate")
     ap.add_argument("--dtype", choices=["float32", "float16"], default="float32")
+    ap.add_argument("--profile", action="store_true", help="also print ms per op kind for one call of each function")
     ns = ap.parse_args()
     n_main = {k: int(v) for k, v in (item.split("=") for item in ns.main_tokens)}
     dtype = {"float32": torch.float32, "float16": torch.float16}[ns.dtype]
@@ -216,7 +277,7 @@ def main() -> None:
         for name in ns.models:
             d = Path(tmp) / name
             d.mkdir()
-            rows += bench_model(name, ns.chunks, ns.prompt, n_main.get(name, ns.prompt), dtype, d)
+            rows += bench_model(name, ns.chunks, ns.prompt, n_main.get(name, ns.prompt), dtype, d, ns.profile)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {peak:.0f} MB")
     out = ROOT / "bench" / "out" / "prefill.json"

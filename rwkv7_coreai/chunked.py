@@ -94,14 +94,14 @@ def wkv_chunk(r, k, v, kk, a, logw, S, compute_dtype: torch.dtype | None = None)
     grow, shrink = torch.exp(m - c), torch.exp(c_T - c)
     kk_d = kk * torch.exp(c_ex - m)
     r_d = r * torch.exp(c - m)
-    alpha_g, k_g = alpha * grow, k * grow
-    L_a = torch.matmul(kk_d, alpha_g.transpose(-1, -2)) * strict
-    L_k = torch.matmul(kk_d, k_g.transpose(-1, -2)) * strict
+    alpha_gT, k_gT = (alpha * grow).transpose(-1, -2), (k * grow).transpose(-1, -2)      # [H,N,T]
+    L_a = torch.matmul(kk_d, alpha_gT) * strict
+    L_k = torch.matmul(kk_d, k_gT) * strict
     U = torch.matmul(unit_lower_inverse(L_a, masks),
                      torch.matmul(kk * torch.exp(c_ex), S0) + torch.matmul(L_k, v))      # [H,T,V]
     o = (torch.matmul(r * torch.exp(c), S0)
-         + torch.matmul(torch.matmul(r_d, alpha_g.transpose(-1, -2)) * incl, U)
-         + torch.matmul(torch.matmul(r_d, k_g.transpose(-1, -2)) * incl, v))
+         + torch.matmul(torch.matmul(r_d, alpha_gT) * incl, U)
+         + torch.matmul(torch.matmul(r_d, k_gT) * incl, v))
     S_T = (torch.exp(c_T).transpose(-1, -2) * S0
            + torch.matmul((alpha * shrink).transpose(-1, -2), U)
            + torch.matmul((k * shrink).transpose(-1, -2), v))

@@ -96,8 +96,9 @@ def pipeline_record(repo: str | Path | None = None) -> dict:
     if top != ABSENT and Path(top).resolve() == root.resolve():  # not some repository that encloses a copy
         commit = _run(["git", "-C", str(root), "rev-parse", "HEAD"])
     if SHA1.fullmatch(commit):
-        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True)
+        # dvc.lock is the build's own record (DVC rewrites it during `dvc repro`), not a source
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
+                                 ".", ":(exclude)dvc.lock"], capture_output=True, text=True)
         dirty = status.returncode != 0 or bool(status.stdout.strip())
     else:
         commit = ABSENT  # e.g. a repository without commits

@@ -77,52 +77,83 @@ def _verify(staged: dict[str, dict], prefix: str, expected: dict[str, dict], ori
         raise PipelineError(origin / bad, f"{state} {what}", fix)
 
 
+def _stage_exports(tmp: Path, exports: list[Path], results: dict[str, dict], gate_file: dict[str, Path]):
+    """Stage ``aimodel/<bundle>/`` per recipe; returns ({recipe: export record}, checks)."""
+    records, checks = {}, []
+    for export_dir in exports:
+        record = read_export(export_dir)
+        recipe, aimodel = record["recipe"], record["bundle"]
+        if recipe not in results:
+            raise PipelineError(export_dir, f"recipe {recipe} has no gate result among the inputs", "run its gate")
+        records[recipe] = record
+        folder = tmp / "aimodel" / bundle_of(record)
+        _link_tree(export_dir / aimodel, folder / aimodel)
+        _link_tree(export_dir / "export.json", folder / "export.json")
+        _link_tree(gate_file[recipe], folder / "gate.json")
+        checks.append((f"aimodel/{bundle_of(record)}/{aimodel}/", results[recipe]["tested_files"]["aimodel"],
+                       export_dir / aimodel, f"the bundle the {recipe} gate tested",
+                       "the bundle changed after its gate: rebuild it (snakemake --forcerun export)"))
+    return records, checks
+
+
+def _stage_aots(tmp: Path, aots: list[Path], vocab: Path, results: dict[str, dict], records: dict[str, dict]):
+    """Stage ``<target>/<bundle>/`` per AOT output; returns ({folder: recipe}, checks)."""
+    folders, checks = {}, []
+    vocab_entry = {"sha256": sha256_file(vocab), "size": vocab.stat().st_size}
+    for aot_dir in aots:
+        rec = read_aot(aot_dir)  # checks the files against aot.json
+        recipe, target = rec["recipe"], rec["target"]
+        gated = results.get(recipe)
+        if recipe not in records or gated is None:
+            raise PipelineError(aot_dir, f"AOT output of recipe {recipe}, which is not published here", "check the inputs")
+        if rec["from"] != gated["tested_files"]["aimodel"]:
+            raise PipelineError(aot_dir, f"was built from other bytes than the bundle the {recipe} gate tested",
+                                "rerun the aot stage: snakemake --forcerun aot")
+        if rec["product"] == gated["lowered"] and rec["files"] != gated["tested_files"]["lowered"]:
+            raise PipelineError(aot_dir, f"is not the lowering the {recipe} gate ran",
+                                "rerun the gate: snakemake --forcerun gate")
+        rel = f"{target}/{bundle_of(records[recipe])}"
+        for product in sorted(p for p in aot_dir.iterdir() if p.name not in IGNORED and p.name != AOT):
+            _link_tree(product, tmp / rel / product.name)
+        _link_tree(vocab, tmp / rel / VOCAB_TSV)
+        folders[rel] = recipe
+        checks.append((f"{rel}/", {**rec["files"], VOCAB_TSV: vocab_entry}, aot_dir,
+                       f"the {target} build of the gated bundle",
+                       "the AOT output changed after it was built: snakemake --forcerun aot"))
+    return folders, checks
+
+
+def bundle_of(export_record: dict) -> str:
+    return export_record["bundle"].removesuffix(".aimodel")
+
+
 def stage_tree(out: Path, card: Path, vocab: Path, exports: list[Path], aots: list[Path], gates: list[Path],
-          meta: dict) -> dict:
-    """Build the staging tree atomically; returns the receipt (without push results). Every
-    staged bundle file must be a byte the gate tested (or, for a device target, built from
-    exactly the tested bundle): a bundle changed after its gate is refused, never shipped."""
+               meta: dict, source_manifest: dict) -> dict:
+    """Build the staging tree atomically; returns the receipt (without push results).
+
+    Every staged bundle file must be a byte the gate tested (or, for a device target, built from
+    exactly the tested bundle): a bundle changed after its gate is refused, never shipped. Only
+    then does each bundle folder get its provenance statement and, with a key, its signature."""
+    from . import provenance, signing
+
     results = check_gates(gates)
-    gate_file = dict(zip(results, gates))
     with atomic_path(out, directory=True) as tmp:
         _link_tree(card, tmp / "README.md")
-        checks = []  # (staged prefix, expected manifest, staged from, what it must equal, fix)
-        bundles = {}
-        for export_dir in exports:
-            record = read_export(export_dir)
-            recipe, aimodel = record["recipe"], record["bundle"]
-            if recipe not in results:
-                raise PipelineError(export_dir, f"recipe {recipe} has no gate result among the inputs", "run its gate")
-            bundles[recipe] = bundle = aimodel.removesuffix(".aimodel")
-            _link_tree(export_dir / aimodel, tmp / "aimodel" / bundle / aimodel)
-            _link_tree(export_dir / "export.json", tmp / "aimodel" / bundle / "export.json")
-            _link_tree(gate_file[recipe], tmp / "aimodel" / bundle / "gate.json")
-            checks.append((f"aimodel/{bundle}/{aimodel}/", results[recipe]["tested_files"]["aimodel"],
-                           export_dir / aimodel, f"the bundle the {recipe} gate tested",
-                           "the bundle changed after its gate: rebuild it (snakemake --forcerun export)"))
-        for aot_dir in aots:
-            rec = read_aot(aot_dir)  # checks the files against aot.json
-            recipe, target = rec["recipe"], rec["target"]
-            gated = results.get(recipe)
-            if recipe not in bundles or gated is None:
-                raise PipelineError(aot_dir, f"AOT output of recipe {recipe}, which is not published here", "check the inputs")
-            if rec["from"] != gated["tested_files"]["aimodel"]:
-                raise PipelineError(aot_dir, f"was built from other bytes than the bundle the {recipe} gate tested",
-                                    "rerun the aot stage: snakemake --forcerun aot")
-            if rec["product"] == gated["lowered"] and rec["files"] != gated["tested_files"]["lowered"]:
-                raise PipelineError(aot_dir, f"is not the lowering the {recipe} gate ran",
-                                    "rerun the gate: snakemake --forcerun gate")
-            dest = tmp / target / bundles[recipe]
-            for product in sorted(p for p in aot_dir.iterdir() if p.name not in IGNORED and p.name != AOT):
-                _link_tree(product, dest / product.name)
-            _link_tree(vocab, dest / VOCAB_TSV)
-            expected = {**rec["files"], VOCAB_TSV: {"sha256": sha256_file(vocab), "size": vocab.stat().st_size}}
-            checks.append((f"{target}/{bundles[recipe]}/", expected, aot_dir, f"the {target} build of the gated bundle",
-                           "the AOT output changed after it was built: snakemake --forcerun aot"))
+        records, checks = _stage_exports(tmp, exports, results, dict(zip(results, gates)))
+        folders, aot_checks = _stage_aots(tmp, aots, vocab, results, records)
+        staged = tree_manifest(tmp)
+        for check in checks + aot_checks:
+            _verify(staged, *check)
+        folders |= {f"aimodel/{bundle_of(rec)}": r for r, rec in records.items()}
+        targets = sorted({rel.split("/")[0] for rel in folders} - {"aimodel"})
+        attested = {rel: provenance.attest(tmp, rel, export_record=records[r], gate=results[r],
+                                           source_manifest=source_manifest,
+                                           targets=targets if rel.startswith("aimodel/") else [rel.split("/")[0]])
+                    for rel, r in sorted(folders.items())}
+        signed = signing.sign_staged(tmp, sorted(folders))
         files = tree_manifest(tmp)
-        for check in checks:
-            _verify(files, *check)
-        receipt = {**meta, "gates": {r: {k: g[k] for k in VERDICT_KEYS} for r, g in results.items()}, "files": files}
+        receipt = {**meta, "gates": {r: {k: g[k] for k in VERDICT_KEYS} for r, g in results.items()},
+                   "provenance": attested, "signing": signed, "files": files}
         if not meta["push"]["pushed"]:  # without a push there is no remote to compare against
             receipt["push"] = {**meta["push"], "would_commit": sorted(files)}
         (tmp / RECEIPT).write_text(dumps_json(receipt))
@@ -173,6 +204,7 @@ def push(out: Path, receipt: dict, repo: str, message: str, token: str) -> dict:
     The published card's maintainer edits are kept: only its managed blocks are rewritten."""
     import tempfile
 
+    from . import signing
     from .card import merge
     from .hub_upload import upload_tree
 
@@ -190,6 +222,7 @@ def push(out: Path, receipt: dict, repo: str, message: str, token: str) -> dict:
         if bad:  # the staged bundle must still be the gated bytes at the moment of upload
             raise PipelineError(out / bad, "changed after it was staged and checked against its gate",
                                 "stage again (snakemake --forcerun stage_and_push); nothing was uploaded")
+        signing.verify_before_upload(view, receipt.get("signing", {}))
         result = upload_tree(repo, view, message=message, token=token, parent=head)
     receipt = {**receipt, "push": {"pushed": True, **result}}
     with atomic_path(out / RECEIPT) as tmp_receipt:
@@ -223,7 +256,8 @@ def main(argv=None) -> int:
                f"coreai-torch {versions['coreai-torch']}, torch {versions['torch']}")
     meta = {"model": ns.model, "repo": m["publish"]["repo"], "source": manifest["source"],
             "toolchain": versions, "commit_message": message, "push": {"pushed": False, "reason": why}}
-    receipt = stage_tree(Path(ns.out), Path(ns.card), Path(ns.vocab), ns.exports, ns.aots, ns.gates, meta)
+    receipt = stage_tree(Path(ns.out), Path(ns.card), Path(ns.vocab), ns.exports, ns.aots, ns.gates, meta, manifest)
+    stage.log.info("%s: %s", ns.model, receipt["signing"]["reason"])
     if do_push:
         receipt = push(Path(ns.out), receipt, m["publish"]["repo"], message, token_from_env())
         pushed = receipt["push"]

@@ -260,10 +260,9 @@ WKV_MUTATIONS = {
     "decay offset: cumsum shifted to exclusive": ("c = torch.cumsum(logw, dim=-2)",
                                                   "c = torch.cumsum(logw, dim=-2) - logw"),
     "missing in-chunk k v term in U": (" + torch.matmul(L_k, v))", ")"),
-    "missing in-chunk delta term in o": ("+ torch.matmul(torch.matmul(r_d, alpha_g.transpose(-1, -2)) * incl, U)",
-                                         ""),
-    "u_t reads its own token's k v (diagonal in L_k)": ("L_k = torch.matmul(kk_d, k_g.transpose(-1, -2)) * strict",
-                                                         "L_k = torch.matmul(kk_d, k_g.transpose(-1, -2)) * incl"),
+    "missing in-chunk delta term in o": ("+ torch.matmul(torch.matmul(r_d, alpha_gT) * incl, U)", ""),
+    "u_t reads its own token's k v (diagonal in L_k)": ("L_k = torch.matmul(kk_d, k_gT) * strict",
+                                                         "L_k = torch.matmul(kk_d, k_gT) * incl"),
 }
 
 

@@ -28,7 +28,10 @@ def _env(**extra) -> dict:
 
 
 def run(cmd, cwd, timeout=1200, check=True, **env):
-    proc = subprocess.run(cmd, cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=timeout, shell=True)
+    """A shell command in a repository copy, running that copy's package (PYTHONPATH), not the
+    editable install's."""
+    proc = subprocess.run(cmd, cwd=cwd, env=_env(PYTHONPATH=str(cwd), **env), capture_output=True, text=True,
+                          timeout=timeout, shell=True)
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -46,7 +49,8 @@ def fresh_copy(dest: Path) -> Path:
     cfg_path = dest / "config.yaml"
     cfg_path.write_text(cfg_path.read_text().replace("  steps: 127\n", f"  steps: {GATE_STEPS}\n"))
     assert yaml.safe_load(cfg_path.read_text())["gate"]["steps"] == GATE_STEPS
-    run("git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm copy", dest)
+    run("git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm copy", dest,
+        GIT_AUTHOR_DATE="2026-01-01T00:00:00Z", GIT_COMMITTER_DATE="2026-01-01T00:00:00Z")  # one commit id
     return dest
 
 
@@ -240,9 +244,11 @@ def test_two_concurrent_runs_in_one_tree_lose_no_record(smk_repo):
     repo, _ = smk_repo
     env_cmd = "snakemake --cores 1 --forcerun {rule} {target}"
     a = subprocess.Popen(env_cmd.format(rule="card", target="results/rwkv7-tiny/card/README.md"), cwd=repo,
-                         shell=True, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                         shell=True, env=_env(PYTHONPATH=str(repo)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
     b = subprocess.Popen(env_cmd.format(rule="aot", target="results/rwkv7-tiny/aot/universal/fp32"), cwd=repo,
-                         shell=True, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                         shell=True, env=_env(PYTHONPATH=str(repo)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
     out_a, out_b = a.communicate(timeout=600)[0], b.communicate(timeout=600)[0]
     assert a.returncode == 0 and b.returncode == 0, out_a[-2000:] + out_b[-2000:]
     assert "DVC: recorded the 1 stage(s) this run built" in out_a and "DVC: recorded the 1 stage(s)" in out_b

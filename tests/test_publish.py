@@ -131,10 +131,15 @@ def staged(tmp_path, no_token, capsys):
 
 
 # --- the staging tree and its receipt ----------------------------------------------------------------
+def statements(recipes=RECIPES) -> set[str]:
+    """The provenance statement publish writes into every bundle folder (no key: no signatures)."""
+    return {f"{d}/{MODEL}-{r}/{MODEL}-{r}.intoto.json" for d in ("aimodel", TARGET) for r in recipes}
+
+
 def test_staging_tree_layout(staged):
     out, results = staged["out"], staged["results"]
     expected = expected_tree(results)
-    assert all_files(out) == set(expected) | {"publish.json"}
+    assert all_files(out) == set(expected) | statements() | {"publish.json"}
     for rel, src in expected.items():
         assert (out / rel).stat().st_size == src.stat().st_size, rel
         assert sha256(out / rel) == sha256(src), rel
@@ -193,7 +198,7 @@ def test_restaging_replaces_the_tree(staged, capsys):
                       "--out", str(out)])
     assert rc == 0, capsys.readouterr().err
     assert not (out / "stray.txt").exists()
-    assert all_files(out) == set(expected_tree(staged["results"])) | {"publish.json"}
+    assert all_files(out) == set(expected_tree(staged["results"])) | statements() | {"publish.json"}
 
 
 # --- refusal -------------------------------------------------------------------------------------------
@@ -359,7 +364,7 @@ def test_first_publish_is_one_commit_with_every_staged_file(pushes):
     out_files = expected_tree(pushes["results"])
     for rel in staged - {"README.md"}:  # byte-identical with what was built
         assert hashlib.sha256(first["remote"][rel]).hexdigest() == first["receipt"]["files"][rel]["sha256"], rel
-    assert set(first["receipt"]["files"]) == set(out_files)
+    assert set(first["receipt"]["files"]) == set(out_files) | statements()
     push = first["receipt"]["push"]
     assert push["pushed"] is True
     assert push["commit"] == history[0]
@@ -433,3 +438,44 @@ def test_an_unreadable_remote_card_is_a_one_line_error_and_nothing_is_pushed(tmp
     assert run["rc"] == 1
     assert run["stderr"].startswith("error: ") and run["stderr"].count("\n") == 1, run["stderr"]
     assert f"hf://{HUB_REPO}" in run["stderr"]
+
+
+# --- provenance and signatures through the publish stage ---------------------------------------------
+def test_publish_attests_and_signs_every_bundle_folder_and_a_changed_byte_fails(tmp_path, no_token, capsys,
+                                                                                 monkeypatch):
+    import subprocess
+    import sys
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from rwkv7_coreai import signing
+
+    key = tmp_path / "keys" / "signing.pem"
+    key.parent.mkdir()
+    key.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    monkeypatch.setenv("RWKV7_SIGNING_KEY", str(key))
+    results = copy_results(tmp_path / "results")
+    out = tmp_path / "out" / "publish"
+    rc = cli.publish(["--config-file", str(write_config(tmp_path / "config.yaml")), "--model", MODEL,
+                      *publish_args(results), "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    receipt = json.loads((out / "publish.json").read_text())
+    folders = {f"aimodel/{MODEL}-{r}" for r in RECIPES} | {f"{TARGET}/{MODEL}-{r}" for r in RECIPES}
+    assert set(receipt["provenance"]) == folders and receipt["signing"]["signed"] is True
+    assert receipt["signing"]["key_sha256"] == sha256(out / "signing-key.pub")
+    for rel in folders:
+        statement = json.loads((out / receipt["provenance"][rel]["statement"]).read_text())
+        assert statement["predicateType"] == "https://slsa.dev/provenance/v1"
+    assert str(key) not in captured.out + captured.err and key.read_text() not in (out / "publish.json").read_text()
+    bundle = f"aimodel/{MODEL}-fp16"
+    cmd = [str(Path(sys.executable).with_name("model_signing")), "verify", "key", str(out / bundle), "--signature",
+           str(out / bundle / f"{MODEL}-fp16.sig"), "--public_key", str(out / "signing-key.pub")]
+    assert subprocess.run(cmd, capture_output=True, text=True).returncode == 0
+    mlirb = out / bundle / f"{MODEL}-fp16.aimodel" / "main.mlirb"
+    replace_file(mlirb, "changed after signing")  # a new file: the hard-linked results copy stays intact
+    assert subprocess.run(cmd, capture_output=True, text=True).returncode != 0
+    with pytest.raises(p.PipelineError, match="main.mlirb"):
+        signing.verify_before_upload(out, receipt["signing"])
