@@ -10,8 +10,11 @@ Per model: export ``main`` once, convert it alone (size baseline), then per chun
 shared states, feed the prompt through ``main`` and through ``prefill`` and print tokens/s.
 A ``main`` step costs the same at every position (the state has a fixed size), so when
 ``--main-tokens`` is below the prompt length the main rate is measured on that many tokens
-and the 512-token time extrapolated linearly; the output says so. Results also go to
-``bench/out/prefill.json``.
+and the 512-token time extrapolated linearly; the output says so. Rates are given per process
+CPU second (the runtime runs on the calling thread, so this is the work itself) and per wall
+second (inflated whenever other jobs share the cores); the ratio is prefill/main. ``--profile``
+adds milliseconds per op kind for one call of each function (coreai.runtime.Profiler).
+Results also go to ``bench/out/prefill.json``.
 
 The first section (export + runtime glue) is what moves into ``export.py`` and
 ``coreai_runtime.py``; tests/test_chunked.py imports it from here until then.

@@ -206,23 +206,29 @@ def parse_jobs(text: str) -> tuple[dict[int, Job], set[int]]:
     return announced, finished
 
 
-def snakemake(tree: Path, args: list[str], env: dict, python: str = sys.executable, log: Path | None = None):
+def snakemake(tree: Path, args: list[str], env: dict, python: str = sys.executable,
+              log: Path | None = None) -> tuple[int, str]:
+    """Run Snakemake in ``tree``: (exit status, its output). With ``log`` the output streams there."""
     cmd = [python, "-m", "snakemake", "--cores", "1", *args]
-    proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
-    if log:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(f"$ {' '.join(cmd[1:])}\n{proc.stdout}{proc.stderr}")
-    return proc
+    if log is None:
+        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+        return proc.returncode, proc.stdout + proc.stderr
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as fh:
+        fh.write(f"$ cd {tree} && {' '.join(cmd[1:])}\n")
+        fh.flush()
+        rc = subprocess.run(cmd, cwd=tree, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
+    return rc, log.read_text(errors="replace")
 
 
 def plan(tree: Path, env: dict, *extra: str, python: str = sys.executable) -> list[Job]:
     """The jobs ``snakemake -n publish`` would run in ``tree`` (``extra``: e.g. --forcerun toolchain),
     in the order Snakemake lists them."""
-    proc = snakemake(tree, ["-n", "--nolock", *extra, "publish"], env, python)
-    if proc.returncode:
-        last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or [f"exit {proc.returncode}"]
+    rc, out = snakemake(tree, ["-n", "--nolock", *extra, "publish"], env, python)
+    if rc:
+        last = out.strip().splitlines()[-1:] or [f"exit {rc}"]
         raise PipelineError(tree / "Snakefile", f"snakemake -n failed: {last[0][:300]}", "fix the pipeline first")
-    return list(parse_jobs(proc.stdout + proc.stderr)[0].values())
+    return list(parse_jobs(out)[0].values())
 
 
 def describe(jobs: list[Job]) -> list[str]:
@@ -434,8 +440,7 @@ def render_markdown(report: dict) -> str:
     lines += ["", "## Regressions", ""]
     lines += [f"- {r}" for r in report["regressions"]] or ["None beyond the limits."]
     lines += ["", "## Jobs", "", "Planned (`snakemake -n --forcerun toolchain publish` on the baseline) and run "
-              "in the worktree:", ""] + [f"- {line}" for line in describe(
-                  [Job.from_json(j) for j in report["jobs"]["executed"]])]
+              "in the worktree:", ""] + [f"- {line}" for line in report["jobs"]["summary"]]
     if report["jobs"]["failed"]:
         lines += ["", "Failed: " + ", ".join(report["jobs"]["failed"])]
     lines += ["", "## Toolchain", "", "| package | old | new |", "|---|---|---|"]
@@ -500,16 +505,16 @@ def rebuild(repo: Path, tree: Path, venv: Path, results: str, bw: dict, updates:
                             "HEAD (rebuild the baseline) and that only the pins differ")
     print(f"beta-watch: rebuilding {len(planned)} jobs in {tree} (log: {log})", flush=True)
     t0 = time.perf_counter()
-    proc = snakemake(tree, ["--keep-going", "publish"], env, python, log=log)
+    rc, out = snakemake(tree, ["--keep-going", "publish"], env, python, log=log)
     seconds = time.perf_counter() - t0
-    announced, finished = parse_jobs(proc.stdout + proc.stderr)
+    announced, finished = parse_jobs(out)
     executed = [job for i, job in announced.items() if i in finished]  # in the order they started
     failed = [job for i, job in announced.items() if i not in finished]
-    if proc.returncode == 0 and sorted(executed) != sorted(planned):
+    if rc == 0 and sorted(executed) != sorted(planned):
         differ = sorted(set(executed) ^ set(planned))
         raise PipelineError(log, f"the rebuild ran other jobs than planned ({', '.join(map(str, differ[:4]))})",
                             "inspect the snakemake log")
-    return Rebuild(tree, planned, executed, failed, proc.returncode, seconds)
+    return Rebuild(tree, planned, executed, failed, rc, seconds)
 
 
 def assess(repo: Path, results: str, bw: dict, updates: dict, run: Rebuild) -> dict:
@@ -527,7 +532,7 @@ def assess(repo: Path, results: str, bw: dict, updates: dict, run: Rebuild) -> d
         "updates": {p: {"old": str(o), "new": str(n)} for p, (o, n) in sorted(updates.items())},
         "toolchain": {"old": _toolchain(repo / results), "new": _toolchain(run.tree / results)},
         "jobs": {"planned": [j.to_json() for j in run.planned], "executed": [j.to_json() for j in run.executed],
-                 "failed": [str(j) for j in run.failed]},
+                 "failed": [str(j) for j in run.failed], "summary": describe(run.executed)},
         "snakemake_exit": run.exit, "rebuild_seconds": round(run.seconds, 1), "recipes": rows,
         "regressions": found, "verdict": "REGRESSION" if found else "no regression",
     }

@@ -7,7 +7,6 @@ the published card) is kept. The YAML front matter is managed too.
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from importlib import resources
@@ -18,6 +17,7 @@ import yaml
 
 from . import stage
 from .config import origin
+from .entrypoints import DECODE, PREFILL, bundle_functions
 from .errors import PipelineError, main_guard
 from .frontmatter import FRONT, front_matter
 from .paths import WEIGHT_FILE
@@ -128,10 +128,17 @@ def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dic
     if base_model:
         front["base_model"] = base_model
     first = next(iter(exports.values()))
+    functions = bundle_functions(first)
+    for name, gate in gates.items():
+        if "prefill" not in gate:
+            raise PipelineError(f"recipe {name}", "its gate result has no prefill check (made before the prefill gate)",
+                                "rerun the gate stage (snakemake --forcerun gate)")
     return {
         "front_matter": yaml.safe_dump(front, sort_keys=True, allow_unicode=True),
         "title": f"{mcfg['dir']} for Core AI", "description": mcfg.get("description", model), "model": model,
         "source": source_manifest["source"], "g": g, "states": first["states"], "recipes": recipes,
+        "functions": [functions[DECODE], functions[PREFILL]], "decode": functions[DECODE],
+        "prefill": functions[PREFILL], "prefill_gate": next(iter(gates.values()))["prefill"],
         "targets": targets, "gate_steps": next(iter(gates.values()))["steps"],
         "n_prompts": len(next(iter(gates.values()))["prompts"]),
         "vocab_entries": vocab_entries, "device_numbers": mcfg.get("device_numbers") or {},

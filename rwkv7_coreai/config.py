@@ -6,7 +6,6 @@ import copy
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import yaml
@@ -215,8 +214,8 @@ STAGE_KEYS: dict[str, list[tuple[str, ...]]] = {
     "toolchain": [],
     "source": [("models", "{model}", "source"), ("models", "{model}", "license"), ("vocab",)],
     "vocab": [("vocab",)],
-    "reference": [("gate", "prompts"), ("gate", "steps")],
-    "export": [("recipes", "{recipe}"), ("models", "{model}", "dir")],
+    "reference": [("gate", "prompts"), ("gate", "steps"), ("prefill",)],
+    "export": [("recipes", "{recipe}"), ("models", "{model}", "dir"), ("prefill", "chunk")],
     "aot": [("targets", "{target}"), ("aot",), ("models", "{model}", "dir")],
     "gate": [("gate", "prompts"), ("gate", "steps"), ("gate", "near_tie_epsilon"), ("gate", "thresholds", "{recipe}"),
              ("models", "{model}", "dir")],

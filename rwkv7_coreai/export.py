@@ -1,21 +1,28 @@
-"""The export stage: normalised weights + recipe -> ``<dir>.aimodel`` (function ``main``).
+"""The export stage: normalised weights + recipe -> ``<dir>.aimodel`` holding every entry point.
 
 Output directory ``results/<model>/export/<recipe>/`` holds ``<dir>.aimodel/`` and
-``export.json`` (recipe, quantisation plan, sizes, toolchain). A second entry point (a
-chunked ``prefill``) is staged on the same converter with ``entrypoint_name="prefill"``.
+``export.json``. The functions are the rows of :data:`.entrypoints.ENTRY_POINTS` (decode and
+chunked prefill), each traced from the SAME (quantised) module — so they quantise the same
+layers and the converter stores every weight once — and staged on ONE converter. ``export.json``
+records each function (role, inputs and outputs with shapes, states, writes per state per call,
+quantised weights), the prefill chunk, the quantisation plan (one plan: it applies to every
+function), the bundle size with and without the prefill function, and the toolchain.
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from . import quantize, stage, toolchain
 from .checkpoint import load_checkpoint
+from .entrypoints import DECODE, ENTRY_POINTS, STATE_NAMES, EntryPoint, by_role
 from .errors import PipelineError, main_guard
-from .export_graph import INPUT_NAMES, OUTPUT_NAMES, STATE_NAMES, build_decode
+from .export_graph import PREFILL_CHUNK, build_decode
 from .fsutil import atomic_path, dumps_json, tree_manifest
 from .paths import bundle_name
 from .records import EXPORT
@@ -23,10 +30,12 @@ from .records import EXPORT
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 # fixed creation date in metadata.json: a rebuild with identical inputs should not differ by "now"
 REPRODUCIBLE_EPOCH = 0.0
+QUANTIZED_WEIGHT_OP = "coreai.constexpr_blockwise_shift_scale"  # a coreai-opt quantised weight in the graph
 
 
 def example_inputs() -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32)
+    """The decode function's example inputs (what coreai-opt calibrates its observers with)."""
+    return by_role(DECODE).example_inputs(1)
 
 
 WRITE_OPS = {"copy_", "index_put_", "fill_", "zero_", "add_", "mul_"}
@@ -34,17 +43,23 @@ VIEW_OPS = {"select", "slice", "view", "reshape", "unsqueeze", "squeeze", "narro
             "permute", "transpose", "t", "alias"}
 
 
-def state_writes(ep) -> dict[str, int]:
+def _opname(node) -> str | None:
+    return getattr(node.target, "_opname", None) if getattr(node, "op", None) == "call_function" else None
+
+
+def state_writes(ep, states: tuple[str, ...] = STATE_NAMES) -> dict[str, int]:
     """How many in-place writes each state buffer receives per call, read off the exported graph
     (before functionalisation merges them). The device GPU delegate keeps only one of several
-    writes to a state in a step, so anything but exactly 1 is a broken bundle."""
+    writes to a state in a step, so anything but exactly 1 is a broken bundle. A write's target
+    is followed back through views AND earlier writes: ``x.copy_(a); x.copy_(b)`` traces the
+    second copy onto the first one's output, and both are writes to ``x``."""
     placeholder_to_buffer = dict(ep.graph_signature.inputs_to_buffers)
-    counts = {name: 0 for name in STATE_NAMES}
+    counts = {name: 0 for name in states}
     for node in ep.graph.nodes:
-        if node.op != "call_function" or getattr(node.target, "_opname", None) not in WRITE_OPS:
+        if _opname(node) not in WRITE_OPS:
             continue
         base = node.args[0]
-        while getattr(base, "op", None) == "call_function" and getattr(base.target, "_opname", None) in VIEW_OPS:
+        while _opname(base) in VIEW_OPS | WRITE_OPS:
             base = base.args[0]
         buffer = placeholder_to_buffer.get(getattr(base, "name", None))
         if buffer in counts:
@@ -52,27 +67,88 @@ def state_writes(ep) -> dict[str, int]:
     return counts
 
 
-def convert(module: torch.nn.Module, out: Path) -> dict[str, int]:
-    """torch.export + coreai-torch conversion of the decode module into ``out`` (.aimodel).
-    Returns the number of writes per state (see :func:`state_writes`)."""
+@dataclass
+class Traced:
+    """One entry point, exported: the decomposed program and what the trace tells about it."""
+    entry: EntryPoint
+    program: object
+    record: dict
+
+
+def trace(entry: EntryPoint, decode: torch.nn.Module, chunk: int) -> Traced:
+    """torch.export of one entry point (built over ``decode``'s parameters and states) +
+    coreai-torch decompositions; records its role, writes per state per call (counted before
+    the decompositions functionalise them) and the quantised weights its graph holds."""
+    import coreai_torch
+
+    ep = torch.export.export(entry.build(decode, chunk), entry.example_inputs(chunk))
+    record = {"role": entry.role, "state_writes": state_writes(ep, entry.states),
+              "quantized_weights": sum(str(n.target).startswith(QUANTIZED_WEIGHT_OP) for n in ep.graph.nodes)}
+    return Traced(entry, ep.run_decompositions(coreai_torch.get_decomp_table()), record)
+
+
+def save_functions(traced: list[Traced], out: Path) -> None:
+    """ONE converter, one ``add_exported_program`` per function, one ``to_coreai``: a single
+    ``.aimodel`` at ``out`` (weights of identical value, dtype and shape are stored once),
+    byte-reproducible (seeded by the bundle's name) with a fixed creation date."""
     import coreai_torch
     from coreai.authoring.asset import AIModelAsset
 
     from . import reproducible
 
-    ep = torch.export.export(module, example_inputs())
-    writes = state_writes(ep)
-    ep = ep.run_decompositions(coreai_torch.get_decomp_table())
-    with reproducible.export_scope(seed=out.name):  # byte-identical bundles for identical inputs
+    with reproducible.export_scope(seed=out.name):
         converter = coreai_torch.TorchConverter(mode=coreai_torch.TorchConverter.Mode.RELEASE)
-        converter.add_exported_program(ep, input_names=list(INPUT_NAMES), output_names=list(OUTPUT_NAMES),
-                                       state_names=list(STATE_NAMES), entrypoint_name="main")
+        for t in traced:
+            converter.add_exported_program(t.program, input_names=list(t.entry.inputs),
+                                           output_names=list(t.entry.outputs), state_names=list(t.entry.states),
+                                           entrypoint_name=t.entry.name)
         converter.to_coreai().save_asset(out)
     AIModelAsset.load(out).update_metadata(lambda m: setattr(m, "creation_date", REPRODUCIBLE_EPOCH))
-    return writes
 
 
-def export_recipe(source_dir: Path, recipe_name: str, recipe: dict, bundle: str, out_dir: Path) -> dict:
+def bundle_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def convert(module: torch.nn.Module, out: Path, chunk: int = PREFILL_CHUNK) -> dict:
+    """Every entry point of ``module`` (the decode module, quantised or not) into ONE ``.aimodel``
+    at ``out``. Returns ``functions``: name -> the trace's record plus the function's inputs,
+    outputs and states (name, shape, dtype) as the saved bundle describes them, and
+    ``tokens_per_call``; and ``size_bytes_decode_only``: the same conversion of the decode
+    function alone (in a temporary directory beside ``out``), so export.json shows what the
+    prefill function adds — a few graph ops if the weights are stored once."""
+    from .coreai_runtime import bundle_signature
+
+    traced = [trace(e, module, chunk) for e in ENTRY_POINTS]
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".decode-only-") as tmp:
+        alone = Path(tmp) / out.name
+        save_functions([t for t in traced if t.entry.role == DECODE], alone)
+        decode_only = bundle_bytes(alone)
+    save_functions(traced, out)
+    signature = bundle_signature(out)
+    if sorted(signature) != sorted(t.entry.name for t in traced):
+        raise PipelineError(out, f"holds functions {sorted(signature)}, not the {len(traced)} staged "
+                            f"({', '.join(t.entry.name for t in traced)})", "this is a bug in the converter or in "
+                            "export.py: check the toolchain pins (make setup)")
+    functions = {}
+    for t in traced:
+        sig = signature[t.entry.name]
+        functions[t.entry.name] = {**t.record, **sig, "tokens_per_call": sig["inputs"][0]["shape"][-1]}
+    return {"functions": functions, "size_bytes_decode_only": decode_only}
+
+
+def check_quantized(functions: dict, layers: list[dict], recipe_name: str) -> None:
+    """Each function's graph holds exactly the planned number of quantised weights."""
+    planned = sum(r["action"].startswith("int") for r in layers)
+    for name, f in functions.items():
+        if f["quantized_weights"] != planned:
+            raise PipelineError(f"export {recipe_name}", f"function {name} holds {f['quantized_weights']} quantised "
+                                f"weights, the plan has {planned}", "this is a bug: every function must be built "
+                                "over the one quantised module (entrypoints.ENTRY_POINTS)")
+
+
+def export_recipe(source_dir: Path, recipe_name: str, recipe: dict, bundle: str, out_dir: Path,
+                  chunk: int = PREFILL_CHUNK) -> dict:
     if recipe.get("dtype") not in DTYPES:
         raise PipelineError(f"recipe {recipe_name}", f"dtype {recipe.get('dtype')!r} is not supported",
                             f"use one of {sorted(DTYPES)}")
@@ -87,27 +163,35 @@ def export_recipe(source_dir: Path, recipe_name: str, recipe: dict, bundle: str,
         if dtype != torch.float16:
             raise PipelineError(f"recipe {recipe_name}", "weight quantisation is only supported on a float16 graph",
                                 "set dtype: float16 for a quantised recipe")
+        # quantise the decode module FIRST: every entry point is then built over it
         module, layers = quantize.apply(module, q, recipe["dtype"], example_inputs(), recipe_name)
     with atomic_path(out_dir, directory=True) as tmp:
         aimodel = tmp / f"{bundle}.aimodel"
         try:
-            writes = convert(module, aimodel)
+            converted = convert(module, aimodel, chunk)
         except PipelineError:
             raise
         except Exception as exc:  # noqa: BLE001 - the converter raises many types
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise PipelineError(f"export {recipe_name}", f"conversion failed ({type(exc).__name__}: {first})",
                                 "check the recipe; run with the pinned toolchain (make setup)") from None
+        functions = converted["functions"]
+        check_quantized(functions, layers, recipe_name)
+        decode = next(f for f in functions.values() if f["role"] == DECODE)
         files = tree_manifest(aimodel)
         record = {
             "recipe": recipe_name, "recipe_spec": recipe, "bundle": aimodel.name,
-            "function": "main", "inputs": list(INPUT_NAMES), "outputs": list(OUTPUT_NAMES),
-            "states": {"recState": [geom.layers, 1, geom.heads, geom.head_dim, geom.head_dim],
-                       "shiftState": [geom.layers, 1, 2, geom.hidden]},
-            "state_dtype": recipe["dtype"], "geometry": geom.as_dict(), "state_writes_per_step": writes,
+            "functions": functions, "prefill_chunk": chunk,
+            # every function has these names and states (their shapes per function are in `functions`)
+            "inputs": [t["name"] for t in decode["inputs"]], "outputs": [t["name"] for t in decode["outputs"]],
+            "states": {t["name"]: t["shape"] for t in decode["states"]},
+            "state_dtype": recipe["dtype"], "geometry": geom.as_dict(),
+            # ONE plan: every function is built over the same quantised module (see functions.*.quantized_weights)
+            "quantization_applies_to": sorted(functions) if q else [],
             "quantized": [r for r in layers if r["action"].startswith("int")],
             "kept": [r for r in layers if not r["action"].startswith("int")],
-            "size_bytes": sum(f["size"] for f in files.values()), "files": files,
+            "size_bytes": sum(f["size"] for f in files.values()),
+            "size_bytes_decode_only": converted["size_bytes_decode_only"], "files": files,
             "toolchain": toolchain.versions(),
         }
         (tmp / EXPORT).write_text(dumps_json(record))
@@ -122,9 +206,11 @@ def main(argv=None) -> int:
     s, _ = stage.setup("export", ns)
     t0 = time.perf_counter()
     rec = export_recipe(Path(ns.source), ns.recipe, s["recipes"][ns.recipe],
-                        bundle_name(s["models"][ns.model]["dir"], ns.recipe), Path(ns.out))
-    stage.log.info("export %s/%s: %s, %.1f MB in %.1f s, peak RSS %.0f MB; quantised %d linears, kept %d",
-                   ns.model, ns.recipe, rec["bundle"], rec["size_bytes"] / 1e6, time.perf_counter() - t0,
-                   stage.rss_mb(), len(rec["quantized"]), len(rec["kept"]))
+                        bundle_name(s["models"][ns.model]["dir"], ns.recipe), Path(ns.out), s["prefill"]["chunk"])
+    stage.log.info("export %s/%s: %s, %.1f MB (%.1f MB without prefill) in %.1f s, peak RSS %.0f MB; "
+                   "functions %s; quantised %d linears, kept %d", ns.model, ns.recipe, rec["bundle"],
+                   rec["size_bytes"] / 1e6, rec["size_bytes_decode_only"] / 1e6, time.perf_counter() - t0,
+                   stage.rss_mb(), ", ".join(f"{n} ({f['tokens_per_call']} tok/call)" for n, f in rec["functions"].items()),
+                   len(rec["quantized"]), len(rec["kept"]))
     for row in rec["kept"] + rec["quantized"]:
         stage.log.info("  %-40s %-5s %s", row["layer"], row["action"], row["reason"])

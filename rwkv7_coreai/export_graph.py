@@ -30,11 +30,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import chunked
+from .entrypoints import INPUT_NAMES, OUTPUT_NAMES, STATE_NAMES  # noqa: F401 - re-exported
 from .geometry import Geometry
 
-STATE_NAMES = ("recState", "shiftState")
-INPUT_NAMES = ("input_ids", "position_ids")
-OUTPUT_NAMES = ("logits",)
 NEG_EXP_HALF = -math.exp(-0.5)
 PREFILL_CHUNK = 64  # tokens per ``prefill`` call (static); a prompt's tail shorter than it goes through ``main``
 
@@ -104,14 +102,14 @@ class Block(nn.Module):
         d = token_shift(att_prev, h) - h
         xr, xw, xk, xv, xa, xg = (h + d * getattr(at, f"x_{m}").reshape(1, -1) for m in "rwkvag")
         r, k, v = at.r_proj(xr), at.k_proj(xk), at.v_proj(xv)
-        logw = NEG_EXP_HALF * torch.sigmoid(wide(at.w_lora(xw)))
+        logw = NEG_EXP_HALF * torch.sigmoid(at.w_lora(xw).to(wide(x.dtype)))
         if self.layer == 0:
             v_first = v
         else:
             v = v + (v_first - v) * torch.sigmoid(at.v_lora(xv))
         a = torch.sigmoid(at.a_lora(xa))
         gate = at.g_lora(xg)
-        kk = wide(k * at.k_k).reshape(T, H, N)
+        kk = (k * at.k_k).to(wide(k.dtype)).reshape(T, H, N)
         kk = kk * torch.rsqrt((kk * kk).sum(-1, keepdim=True) + 1e-12)  # explicit L2 norm with eps
         k = k * (1 + (a - 1) * at.k_a)
         if T == 1:
@@ -138,9 +136,9 @@ class Block(nn.Module):
         return x, last_row(h), last_row(h2), S_new, v_first
 
 
-def wide(t: torch.Tensor) -> torch.Tensor:
+def wide(dtype: torch.dtype) -> torch.dtype:
     """At least fp32 (fp16 -> fp32; an fp64 graph stays fp64): for the decay and the kk norm."""
-    return t.to(torch.float64 if t.dtype == torch.float64 else torch.float32)
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def token_shift(prev: torch.Tensor, h: torch.Tensor) -> torch.Tensor:

@@ -3,9 +3,16 @@
 1. :func:`reference_stream` (once per model): for every prompt, token 0 then
    ``User: {prompt}\\n\\nAssistant:``, extended by the fp32 reference's greedy continuation up
    to the prompt's share of the step budget; the reference logits at every step are stored.
-2. :func:`run_gate` (per recipe): the SAME fixed token stream is fed to the Core AI runtime;
-   per step we compare the argmax and max|Δlogits|. A step where the reference's top-2 margin
-   is below ``near_tie_epsilon`` is a near-tie: the engine may pick either of the two.
+2. :func:`run_gate` (per recipe): the SAME fixed token stream is fed to the Core AI runtime
+   through the decode function; per step we compare the argmax and max|Δlogits|. A step where
+   the reference's top-2 margin is below ``near_tie_epsilon`` is a near-tie: the engine may pick
+   either of the two.
+3. The prefill check (:func:`prefill_check`): the reference's continuous prefill stream goes
+   through the bundle's prefill function in full chunks and its tail through decode, on the
+   same states; each chunk's last-position logits and every tail step are compared the same way,
+   and the states after each chunk and at the end must be within the recipe's
+   ``prefill_max_abs_dstate`` of the reference's. It fails the gate like any other check.
+4. The contract: every function of the bundle writes each state exactly once per call.
 """
 
 from __future__ import annotations
@@ -15,8 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from . import stage, toolchain
-from .coreai_runtime import DecodeSession
+from .chunked import split_prompt
 from .config import gate_settings
+from .coreai_runtime import PromptSession
+from .entrypoints import DECODE, PREFILL, bundle_functions
 from .errors import PipelineError, main_guard
 from .fsutil import atomic_path, dumps_json, sha256_file, tree_manifest
 from .records import read_aot, read_export
@@ -44,15 +53,22 @@ def compare(ref_logits: np.ndarray, eng_logits: np.ndarray, epsilon: float) -> d
 
 def contract_problems(export_record: dict) -> list[str]:
     """Structural checks the numbers cannot see on this host (the Linux runtime executes
-    several writes to one state correctly; the device GPU delegate keeps only one)."""
+    several writes to one state correctly; the device GPU delegate keeps only one): every
+    function writes each of its states exactly once per call."""
     problems = []
-    writes = export_record.get("state_writes_per_step")
-    if writes is None:
-        problems.append("export.json does not record state writes per step")
-    else:
+    functions = export_record.get("functions") or {}
+    roles = {f.get("role") for f in functions.values()}
+    for role in (DECODE, PREFILL):
+        if role not in roles:
+            problems.append(f"export.json records no {role} function")
+    for fn, spec in sorted(functions.items()):
+        writes = spec.get("state_writes")
+        if writes is None:
+            problems.append(f"export.json does not record the state writes of function {fn}")
+            continue
         for name, n in sorted(writes.items()):
             if n != 1:
-                problems.append(f"state {name} is written {n} times per step (must be exactly once, at the end)")
+                problems.append(f"state {name} is written {n} times per call of {fn} (must be exactly once, at the end)")
     return problems
 
 
@@ -80,30 +96,97 @@ def verdict(rows: list[dict], thresholds: dict) -> dict:
     }
 
 
-def run_gate(aimodelx: Path, export_record: dict, stream: dict, settings: dict,
-             session_factory=DecodeSession) -> tuple[dict, list[dict]]:
-    states = {k: tuple(v) for k, v in export_record["states"].items()}
-    state_dtype = np.float16 if export_record["state_dtype"] == "float16" else np.float32
-    eps = settings["near_tie_epsilon"]
+def decode_rows(sess, stream: dict, eps: float) -> list[dict]:
+    """The per-prompt streams through the decode function, states reset at each new prompt."""
     rows: list[dict] = []
-    with session_factory(aimodelx, states, state_dtype) as sess:
-        prev_prompt = None
-        for step, (tok, prompt, pos) in enumerate(zip(stream["tokens"], stream["prompt"], stream["pos"])):
-            if prompt != prev_prompt:
-                sess.reset()
-                prev_prompt = prompt
-            eng = sess.step(int(tok))
-            row = {"step": step, "prompt": int(prompt), "pos": int(pos), "token": int(tok)}
-            row.update(compare(stream["logits"][step].astype(np.float64), eng, eps))
-            rows.append(row)
-    result = verdict(rows, settings["thresholds"])
-    contract = contract_problems(export_record)
-    if contract:
+    prev_prompt = None
+    for step, (tok, prompt, pos) in enumerate(zip(stream["tokens"], stream["prompt"], stream["pos"])):
+        if prompt != prev_prompt:
+            sess.reset()
+            prev_prompt = prompt
+        eng = sess.step(int(tok))
+        row = {"step": step, "prompt": int(prompt), "pos": int(pos), "token": int(tok)}
+        row.update(compare(stream["logits"][step].astype(np.float64), eng, eps))
+        rows.append(row)
+    return rows
+
+
+def state_diffs(engine: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> dict[str, float]:
+    """max|engine - reference| per state (NaN if the engine's state holds a NaN)."""
+    out = {}
+    for name, ref in reference.items():
+        d = np.abs(engine[name].astype(np.float64) - ref.astype(np.float64))
+        out[name] = float("nan") if np.isnan(d).any() else float(d.max())
+    return out
+
+
+def prefill_check(sess: PromptSession, stream: dict, thresholds: dict, eps: float) -> dict:
+    """The reference's continuous prefill stream through prefill (full chunks) and decode (the
+    tail) from zero states; logits compared where the bundle reports them, states after each
+    chunk and at the end. Returns the ``prefill`` section of the gate result (with its rows)."""
+    tokens, T = [int(t) for t in stream["prefill_tokens"]], sess.chunk
+    full = split_prompt(len(tokens), T)[0] * T
+    logit_at = {int(p): i for i, p in enumerate(stream["prefill_logit_pos"])}
+    state_at = {int(n): i for i, n in enumerate(stream["prefill_state_pos"])}
+    sess.reset()
+    rows: list[dict] = []
+
+    def record(function: str, pos: int, eng: np.ndarray) -> None:
+        row = {"step": len(rows), "function": function, "pos": pos, "token": tokens[pos]}
+        row.update(compare(stream["prefill_logits"][logit_at[pos]].astype(np.float64), eng, eps))
+        row["max_abs_dstate"] = None
+        if pos + 1 in state_at:
+            ref = {name[len("prefill_state_"):]: arr[state_at[pos + 1]] for name, arr in stream.items()
+                   if name.startswith("prefill_state_") and name != "prefill_state_pos"}
+            row["max_abs_dstate"] = state_diffs(sess.state_arrays(), ref)
+        rows.append(row)
+
+    for start in range(0, full, T):
+        record(sess.prefill_function, start + T - 1, sess.prefill_chunk(tokens[start:start + T]))
+    for pos in range(full, len(tokens)):
+        record(sess.function, pos, sess.step(tokens[pos]))
+    result = verdict(rows, thresholds)
+    dstates = [(v, name, r["pos"] + 1) for r in rows if r["max_abs_dstate"] for name, v in r["max_abs_dstate"].items()]
+    worst = max(dstates, key=lambda d: (np.isnan(d[0]), d[0]))
+    limit = thresholds.get("prefill_max_abs_dstate")
+    if limit is not None and not worst[0] <= limit:  # NaN fails too
+        result["reasons"].append(f"state {worst[1]} after {worst[2]} tokens differs from the reference's by "
+                                 f"{worst[0]:.3g} > {limit:g}")
         result["pass"] = False
-        result["reasons"] = contract + result["reasons"]
-    result.update({"state_writes_per_step": export_record.get("state_writes_per_step"), "near_tie_epsilon": eps,
-                   "thresholds": settings["thresholds"], "prompts": settings["prompts"]})
+    result.update({"function": sess.prefill_function, "decode_function": sess.function, "chunk": T,
+                   "tokens": len(tokens), "chunks": full // T, "tail": len(tokens) - full,
+                   "max_abs_dstate": worst[0], "rows": rows})
+    return result
+
+
+def run_gate(aimodelx: Path, export_record: dict, stream: dict, settings: dict,
+             session_factory=PromptSession) -> tuple[dict, list[dict]]:
+    """Both checks in one runtime session; the verdict also holds the contract and the prefill
+    result. Returns (result, the decode rows for the TSV)."""
+    eps = settings["near_tie_epsilon"]
+    with session_factory(aimodelx, export_record) as sess:
+        rows = decode_rows(sess, stream, eps)
+        prefill = prefill_check(sess, stream, settings["thresholds"], eps)
+    result = verdict(rows, settings["thresholds"])
+    reasons = contract_problems(export_record) + result["reasons"] + [f"prefill: {r}" for r in prefill["reasons"]]
+    result.update({"pass": not reasons, "reasons": reasons, "prefill": prefill,
+                   "state_writes": {fn: spec.get("state_writes") for fn, spec in export_record["functions"].items()},
+                   "near_tie_epsilon": eps, "thresholds": settings["thresholds"], "prompts": settings["prompts"]})
     return result, rows
+
+
+def check_stream(stream: dict, stream_path: Path, export_record: dict) -> None:
+    """The reference holds a prefill stream made for this bundle's chunk length."""
+    prefill = bundle_functions(export_record).get(PREFILL)
+    if prefill is None:
+        return  # the contract check fails the gate
+    if "prefill_tokens" not in stream:
+        raise PipelineError(stream_path, "holds no prefill stream (made before the prefill gate)",
+                            "rerun the reference stage (snakemake --forcerun reference)")
+    if int(stream["prefill_chunk"]) != prefill["tokens_per_call"]:
+        raise PipelineError(stream_path, f"was made for prefill chunk {int(stream['prefill_chunk'])}, but the bundle's "
+                            f"{prefill['name']} takes {prefill['tokens_per_call']} tokens per call",
+                            "rerun the reference and export stages with the same prefill.chunk")
 
 
 def bundle_digest(manifest: dict[str, dict]) -> str:
@@ -141,6 +224,7 @@ def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
     aimodelx = aot_dir / lowering["product"]
     with np.load(stream_path) as npz:
         stream = {k: npz[k] for k in npz.files}
+    check_stream(stream, stream_path, record)
     result, rows = run_gate(aimodelx, record, stream, settings)
     result.update({"model": model, "recipe": recipe, "bundle": record["bundle"], "bundle_sha256": bundle_digest(tested),
                    "lowered": aimodelx.name, "tested_files": {"aimodel": tested, "lowered": lowering["files"]},
@@ -169,7 +253,10 @@ def main(argv=None) -> int:
     res = gate_bundle(ns.model, ns.recipe, Path(ns.export), Path(ns.aot), Path(ns.reference),
                       gate_settings(s, ns.recipe), Path(ns.json), Path(ns.tsv))
     seconds = time.perf_counter() - t0
-    stage.log.info("gate %s/%s PASS: %d/%d top-1 outside %d near-ties, max|dlogits| %.3g, mean KL %.3g; "
-                   "%.1f s (%.3f s/step), peak RSS %.0f MB", ns.model, ns.recipe, res["agree_counted"], res["counted"],
-                   res["near_ties"], res["max_abs_dlogits"], res["mean_kl"], seconds, seconds / res["steps"],
-                   stage.rss_mb())
+    pre = res["prefill"]
+    stage.log.info("gate %s/%s PASS: %d/%d top-1 outside %d near-ties, max|dlogits| %.3g, mean KL %.3g; prefill "
+                   "(%d x %d tokens + %d through %s): %d/%d top-1, max|dlogits| %.3g, max|dstate| %.3g; %.1f s, "
+                   "peak RSS %.0f MB", ns.model, ns.recipe, res["agree_counted"], res["counted"], res["near_ties"],
+                   res["max_abs_dlogits"], res["mean_kl"], pre["chunks"], pre["chunk"], pre["tail"],
+                   pre["decode_function"], pre["agree_counted"], pre["counted"], pre["max_abs_dlogits"],
+                   pre["max_abs_dstate"], seconds, stage.rss_mb())

@@ -7,8 +7,6 @@ commit, every file verified against its content address).
 
 from __future__ import annotations
 
-import json
-import re
 import shutil
 from pathlib import Path
 

@@ -44,6 +44,16 @@ def world_vocab(cfg) -> dict[int, bytes]:
     return vocab.parse_world_vocab(vocab.package_vocab(v["package"], v["version"], v["file"], v["sha256"]))
 
 
+@pytest.fixture
+def hub():
+    """The local Hugging Face Hub stand-in (tests/hubserver.py) on 127.0.0.1."""
+    from hubserver import HubServer
+
+    with HubServer() as server:
+        yield server
+        assert server.errors == [], "the Hub stand-in itself failed"
+
+
 @pytest.fixture(autouse=True)
 def _restore_logging():
     """The stage CLIs point the root logger at stdout and a log file; undo that after each test."""

@@ -9,7 +9,6 @@ show exactly the changed values: nothing in the card is typed by hand.
 from __future__ import annotations
 
 import json
-import logging
 import re
 import shutil
 from pathlib import Path

@@ -1,11 +1,13 @@
 """The chunked WKV7 form (rwkv7_coreai.chunked) and the ``prefill`` entry point.
 
-Three levels, each against an independent path:
+Two levels, each against an independent path:
 * WKV: ``chunked.wkv_chunk`` vs a per-token recurrence written here (fp64 oracle), chunks 1/16/64;
 * model (eager torch): ``prefill`` chunks + ``main`` for the tail vs ``main`` token by token (the
-  same graph) and vs ``Reference`` token by token, prompts 1, T-1, T, T+1, 3T+5 for T = 1, 16, 64;
-* Core AI: ``main`` + ``prefill`` in ONE bundle, lowered, prefill-then-decode in the runtime vs
-  the reference; bundle size with and without prefill.
+  same graph) and vs ``Reference`` token by token, prompts 1, T-1, T, T+1, 3T+5 for T = 1, 16, 64.
+
+The Core AI level (both functions in ONE bundle, prefill-then-decode in the runtime vs the
+reference, states after each chunk, bundle size with and without prefill) is the gate's prefill
+check: tests/test_prefill_gate.py and tests/test_gate_breaks.py (which reuses the mutations here).
 Deliberate breaks (wrong cumsum offset, missing in-chunk terms, a state written twice) must be
 caught by the same comparisons.
 
@@ -17,19 +19,14 @@ Tolerances (measured on this machine; tiny default model, 197-token stream; rand
   fp32 recurrence itself is ~1.9e-5 / 1.6e-6 off). Model: prefill vs fp64 Reference ≤ 5e-5 on
   logits, ≤ 1e-5 on states (measured 1.2e-5 / 2.9e-6; the fp32 main graph alone: 7.0e-6 / 2.6e-6);
   the Core AI runtime: 1.4e-5 / 2.6e-6.
-* fp16 graph (fp16 state, as ``main``; the chunk runs in fp32 inside): runtime vs fp64 Reference
-  ≤ 0.5 on logits, ≤ 0.05 on the states (measured 0.14 / 0.016; the fp16 ulp at 8 is 0.008).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import math
 import textwrap
-from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -39,11 +36,6 @@ from rwkv7_coreai.export_graph import build_decode, build_prefill, prefill_examp
 from rwkv7_coreai.reference import Reference, State
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("bench_prefill", ROOT / "bench" / "bench_prefill.py")
-glue = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(glue)  # export + runtime glue (to move into export.py / coreai_runtime.py)
 
 CHUNKS = (1, 16, 64)
 WKV_TOL = {torch.float64: (1e-10, 1e-10), torch.float32: (1.5e-4, 3e-5)}    # (o, S)
@@ -170,7 +162,12 @@ def ids(tokens) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def token_by_token(tiny):
+def decoders(tiny):
+    return {dt: build_decode(tiny["weights"], tiny["g"], dt) for dt in (torch.float64, torch.float32)}
+
+
+@pytest.fixture(scope="module")
+def token_by_token(tiny, decoders):
     """{path: {n: (last logits, state after n tokens)}} for the fp64 reference and the fp64 main graph."""
     ref = Reference(tiny["weights"], tiny["g"], torch.float64)
     state, snaps = ref.zero_state(), {}
@@ -179,7 +176,8 @@ def token_by_token(tiny):
         if n in tiny["lengths"]:
             snaps[n] = (logits.clone(), snapshot(state))
     out = {"ref": snaps, "reference": ref}
-    decode, snaps = build_decode(tiny["weights"], tiny["g"], torch.float64), {}
+    decode, snaps = decoders[torch.float64], {}
+    decode.reset()
     with torch.no_grad():
         for n, tok in enumerate(tiny["tokens"], 1):
             logits = decode(*ids([tok]))
@@ -187,11 +185,6 @@ def token_by_token(tiny):
                 snaps[n] = (logits[0, 0].clone(), graph_state(decode))
     out["main"] = snaps
     return out
-
-
-@pytest.fixture(scope="module")
-def decoders(tiny):
-    return {dt: build_decode(tiny["weights"], tiny["g"], dt) for dt in (torch.float64, torch.float32)}
 
 
 def run_prefill(decoders, tokens, dtype, T: int, n: int) -> tuple[torch.Tensor, State]:
@@ -299,97 +292,18 @@ def _prefill_writing_per_layer(self, input_ids, position_ids):
     return self.lm_head(self.model.norm(x[-1:])).reshape(1, 1, self.g.vocab)
 
 
-def test_state_written_twice_is_counted(tiny, decoders, bundles, monkeypatch):
-    """export.state_writes sees one write per state in prefill (counted on the exported program of
-    the bundle fixture) and 2 for recState in the unfused mutant."""
-    assert tiny["g"].layers == 2
-    assert bundles["float32"]["writes"] == {"main": {"recState": 1, "shiftState": 1},
-                                            "prefill": {"recState": 1, "shiftState": 1}}
-    monkeypatch.setattr(export_graph.RWKV7Prefill, "forward", _prefill_writing_per_layer)
-    broken = export.state_writes(torch.export.export(build_prefill(decoders[torch.float32], RUNTIME_CHUNK),
-                                                     prefill_example_inputs(RUNTIME_CHUNK)))
-    assert broken == {"recState": 2, "shiftState": 1}
-
-
-# ------------------------------------------------------------------------------------------------
-# Core AI: main + prefill in one bundle, lowered, run in the runtime
-# ------------------------------------------------------------------------------------------------
-RUNTIME_CHUNK = 16
-# dtype: (prompt length, decode steps after it, logits tol, state tol) vs the fp64 reference
-RUNTIME = {"float32": (3 * RUNTIME_CHUNK + 5, 4, *MODEL_TOL[torch.float32]),
-           "float16": (RUNTIME_CHUNK + 1, 2, 0.5, 0.05)}   # fp16 runtime steps are ~10x slower here
-MAX_SIZE_RATIO = 1.05
-
-
-@pytest.fixture(scope="module")
-def bundles(tiny, tmp_path_factory):
-    """Per dtype: main and prefill exported from ONE module (shared parameters), staged on one
-    converter, saved as one .aimodel and lowered; for fp32 also a main-only bundle (size baseline)."""
-    out = {}
-    for name in RUNTIME:
-        dtype = export.DTYPES[name]
-        decode = build_decode(tiny["weights"], tiny["g"], dtype)
-        ep_main, w_main = glue.export_program(decode, export.example_inputs())
-        ep_pre, w_pre = glue.export_program(build_prefill(decode, RUNTIME_CHUNK), prefill_example_inputs(RUNTIME_CHUNK))
-        d = tmp_path_factory.mktemp(f"bundle-{name}")
-        rec = {"writes": {"main": w_main, "prefill": w_pre}}
-        if name == "float32":
-            glue.save_functions({"main": ep_main}, d / "main.aimodel")
-            rec["main_only_bytes"] = glue.bundle_bytes(d / "main.aimodel")
-        glue.save_functions({"main": ep_main, "prefill": ep_pre}, d / "both.aimodel")
-        rec["bytes"] = glue.bundle_bytes(d / "both.aimodel")
-        (d / "both.aimodelx").mkdir()
-        glue.lower_universal(d / "both.aimodel", d / "both.aimodelx")
-        rec["lowered"] = d / "both.aimodelx"
-        out[name] = rec
-    return out
-
-
-def test_bundle_stores_the_weights_once(bundles):
-    b = bundles["float32"]
-    ratio = b["bytes"] / b["main_only_bytes"]
-    print(f"main only {b['main_only_bytes']} B, main + prefill {b['bytes']} B, ratio {ratio:.4f}")
-    assert 1.0 < ratio <= MAX_SIZE_RATIO
-
-
-@pytest.mark.parametrize("name", sorted(RUNTIME))
-def test_runtime_prefill_then_decode(tiny, token_by_token, bundles, name):
-    """Prefill (chunks) + main (tail) in the Core AI runtime, then main decodes on from the same
-    states: every next-token pick as the fp64 reference fed token by token, logits and states
-    within the dtype's tolerance."""
-    n, steps, tol_logits, tol_state = RUNTIME[name]
-    ref = token_by_token["reference"]
-    ref_logits, ref_state = token_by_token["ref"][n]
-    ref_state = snapshot(ref_state)
-    g = tiny["g"]
-    npdt = np.float32 if name == "float32" else np.float16
-    with glue.PromptSession(bundles[name]["lowered"], glue.state_shapes(g), npdt, RUNTIME_CHUNK) as s:
-        logits = torch.from_numpy(s.feed(tiny["tokens"][:n]))
-        st = s.state_arrays()
-        assert st["recState"].dtype == npdt
-        state = State(torch.from_numpy(st["shiftState"][:, 0, 0]), torch.from_numpy(st["shiftState"][:, 0, 1]),
-                      torch.from_numpy(st["recState"][:, 0]))
-        d = diffs(logits, state, (ref_logits, ref_state))
-        print(name, "after the prompt", d)
-        assert violations(d, tol_logits, tol_state) == []
-        for step in range(steps + 1):
-            top2 = torch.topk(ref_logits, 2).values
-            pick = int(torch.argmax(ref_logits))
-            assert int(torch.argmax(logits)) == pick or (top2[0] - top2[1]).item() <= 2 * tol_logits, step
-            if step == steps:
-                break
-            ref_logits = ref.step(pick, ref_state)     # teacher-forced on the reference's pick
-            logits = torch.from_numpy(s.step(pick))
-            assert (logits - ref_logits).abs().max().item() <= tol_logits, step
-
-
-def test_prefill_exports_twice_in_one_process():
-    """The chunk's mask constants are made per trace: a second torch.export of the same chunk
-    size must not meet tensors left over from the first trace (it did with cached tensors)."""
+def test_state_written_twice_is_counted(monkeypatch):
+    """export.state_writes counts one write per state for prefill and 2 for recState in the
+    unfused mutant. The two exports use the same chunk size in one process: the chunk's mask
+    constants are made per trace, so the second trace must not meet tensors of the first (it did
+    when the mask tensors were cached)."""
     from rwkv7_coreai.geometry import Geometry
 
-    g = Geometry(layers=1, hidden=64, head_dim=64, ffn=64, vocab=8, decay_lora=4, a_lora=4, v_lora=4, gate_lora=4)
-    for _ in range(2):
-        prefill = build_prefill(export_graph.RWKV7Decode(g), 8)
-        ep = torch.export.export(prefill, prefill_example_inputs(8))
-        assert export.state_writes(ep) == {"recState": 1, "shiftState": 1}
+    g = Geometry(layers=2, hidden=64, head_dim=64, ffn=64, vocab=8, decay_lora=4, a_lora=4, v_lora=4, gate_lora=4)
+    T = 8  # a size no other test of this module has made masks for, so the first trace makes them
+    counts = []
+    for forward in (export_graph.RWKV7Prefill.forward, _prefill_writing_per_layer):
+        monkeypatch.setattr(export_graph.RWKV7Prefill, "forward", forward)
+        ep = torch.export.export(build_prefill(export_graph.RWKV7Decode(g), T), prefill_example_inputs(T))
+        counts.append(export.state_writes(ep))
+    assert counts == [{"recState": 1, "shiftState": 1}, {"recState": 2, "shiftState": 1}]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rwkv7_coreai import cli, export, quantize
+from rwkv7_coreai.coreai_runtime import bundle_signature
 from rwkv7_coreai.errors import PipelineError
 from rwkv7_coreai.export_graph import RWKV7Decode
 from rwkv7_coreai.geometry import Geometry
@@ -76,7 +77,7 @@ def test_unknown_recipe_on_the_command_line(tiny_source, tmp_path, capsys, repo_
 
 
 def test_conversion_error_is_one_line_and_leaves_nothing(tiny_source, tmp_path, monkeypatch, cfg):
-    def boom(module, out):
+    def boom(*args, **kwargs):
         raise RuntimeError("unsupported op aten::frobnicate\nlong traceback text")
 
     monkeypatch.setattr(export, "convert", boom)
@@ -88,13 +89,59 @@ def test_conversion_error_is_one_line_and_leaves_nothing(tiny_source, tmp_path, 
 
 
 def test_int4keepproj_export_records_the_plan(tiny_source, tmp_path, cfg):
+    """One bundle, both entry points, built over the ONE quantised module: each function's graph
+    holds the plan's quantised weights, and the weights are stored once (the prefill function adds
+    a few graph ops, not a second copy of the fp16 weights)."""
     rec = export.export_recipe(tiny_source, "int4keepproj", cfg["recipes"]["int4keepproj"], "t-int4keepproj",
-                               tmp_path / "out")
+                               tmp_path / "out", chunk=16)
     on_disk = json.loads((tmp_path / "out" / "export.json").read_text())
     assert on_disk["bundle"] == "t-int4keepproj.aimodel" and (tmp_path / "out" / "t-int4keepproj.aimodel").is_dir()
     assert {r["layer"] for r in on_disk["quantized"]} == {r["layer"] for r in rec["quantized"]}
     assert all(r["action"] == "int4" for r in on_disk["quantized"]) and len(on_disk["quantized"]) == 5
-    assert on_disk["state_writes_per_step"] == {"recState": 1, "shiftState": 1}
     assert on_disk["states"] == {"recState": [2, 1, 2, 64, 64], "shiftState": [2, 1, 2, 128]}
+    fns = on_disk["functions"]
+    assert [(n, f["role"], f["tokens_per_call"]) for n, f in sorted(fns.items())] == [
+        ("main", "decode", 1), ("prefill", "prefill", 16)]
+    assert on_disk["prefill_chunk"] == 16 and on_disk["quantization_applies_to"] == ["main", "prefill"]
+    for name, f in fns.items():
+        assert f["state_writes"] == {"recState": 1, "shiftState": 1}, name
+        assert f["quantized_weights"] == 5, name
+        assert f["states"] == [{"name": "recState", "shape": [2, 1, 2, 64, 64], "dtype": "float16"},
+                               {"name": "shiftState", "shape": [2, 1, 2, 128], "dtype": "float16"}], name
+        assert f["outputs"] == [{"name": "logits", "shape": [1, 1, 65536], "dtype": "float16"}], name
+    assert [(t["name"], t["shape"]) for t in fns["prefill"]["inputs"]] == [("input_ids", [1, 16]),
+                                                                         ("position_ids", [1, 16])]
+    held = bundle_signature(tmp_path / "out" / "t-int4keepproj.aimodel")      # what the saved asset says
+    assert held == {n: {k: f[k] for k in ("inputs", "outputs", "states")} for n, f in fns.items()}
+    ratio = on_disk["size_bytes"] / on_disk["size_bytes_decode_only"]
+    assert 1.0 < ratio < 1.05, ratio
     meta = json.loads((tmp_path / "out" / "t-int4keepproj.aimodel" / "metadata.json").read_text())
     assert "1970" in meta["creationDate"] or meta["creationDate"].startswith("1970")
+
+
+class _TwoWrites(torch.nn.Module):
+    """recState written twice in a row, shiftState through a view then whole."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("recState", torch.zeros(2, 3))
+        self.register_buffer("shiftState", torch.zeros(2, 3))
+
+    def forward(self, x):
+        self.recState.copy_(torch.zeros_like(self.recState))
+        self.recState.copy_(self.recState + x)      # traced onto the first copy's output
+        self.shiftState[0].copy_(x[0])
+        self.shiftState.copy_(self.shiftState * 2)
+        return x * 2
+
+
+def test_state_writes_counts_two_writes_in_a_row():
+    ep = torch.export.export(_TwoWrites(), (torch.ones(2, 3),))
+    assert export.state_writes(ep) == {"recState": 2, "shiftState": 2}
+
+
+def test_a_function_without_the_planned_quantised_weights_is_refused():
+    layers = [{"layer": "lm_head", "action": "int8"}, {"layer": "x", "action": "fp16"}]
+    export.check_quantized({"main": {"quantized_weights": 1}, "prefill": {"quantized_weights": 1}}, layers, "q")
+    with pytest.raises(PipelineError, match="function prefill holds 0 quantised weights, the plan has 1"):
+        export.check_quantized({"main": {"quantized_weights": 1}, "prefill": {"quantized_weights": 0}}, layers, "q")

@@ -1,7 +1,9 @@
 """The gate must be able to fail: break the export on purpose and assert the gate rejects it.
 
-Each case exports the tiny model (fp32, fast in the Linux runtime), lowers it to `universal`
-and runs the real gate on a short teacher-forced stream. A control case must pass.
+Each case exports the tiny model (fp32, fast in the Linux runtime; prefill chunk 16), lowers it
+to `universal` and runs the real gate on short teacher-forced streams (28 decode steps, a
+37-token prefill stream: 2 chunks and a 5-token tail). A control case must pass. Cases that do not
+change the export (a corrupted bundle, a stale lowering) work on copies of the control's build.
 """
 
 from __future__ import annotations
@@ -9,20 +11,24 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import shutil
 
 import numpy as np
 import pytest
 import torch
 
-from rwkv7_coreai import cli, export_graph
+from rwkv7_coreai import chunked, cli, export_graph
 from rwkv7_coreai.aot import build_target
 from rwkv7_coreai.errors import PipelineError
 from rwkv7_coreai.export import export_recipe
 from rwkv7_coreai.gate import gate_bundle
 from rwkv7_coreai.reference_stream import reference_stream
+from test_chunked import WKV_MUTATIONS, mutant_wkv_chunk
 
 PROMPTS = ["Hello, who are you?", "What is 17 times 23?"]
 STEPS = 28
+CHUNK = 16
 BUNDLE = "rwkv7-tiny-fp32"
 
 
@@ -30,7 +36,7 @@ BUNDLE = "rwkv7-tiny-fp32"
 def stream_path(tmp_path_factory, tiny_source, world_vocab):
     path = tmp_path_factory.mktemp("ref") / "stream.npz"
     with open(path, "wb") as fh:
-        np.savez(fh, **reference_stream(tiny_source, world_vocab, PROMPTS, STEPS))
+        np.savez(fh, **reference_stream(tiny_source, world_vocab, PROMPTS, STEPS, prefill={"chunk": CHUNK}))
     return path
 
 
@@ -39,30 +45,57 @@ def settings(cfg):
             "thresholds": cfg["gate"]["thresholds"]["fp32"]}
 
 
-def build_and_gate(tmp_path, cfg, tiny_source, stream_path, corrupt=None):
-    export_dir, aot_dir = tmp_path / "export", tmp_path / "aot"
-    export_recipe(tiny_source, "fp32", cfg["recipes"]["fp32"], BUNDLE, export_dir)
+def build(top, cfg, tiny_source, corrupt=None):
+    """Export (chunk 16) and lower into ``top``; ``corrupt`` edits the bundle before lowering."""
+    export_dir, aot_dir = top / "export", top / "aot"
+    export_recipe(tiny_source, "fp32", cfg["recipes"]["fp32"], BUNDLE, export_dir, CHUNK)
     if corrupt:
         corrupt(export_dir / f"{BUNDLE}.aimodel")
     build_target(export_dir, BUNDLE, "fp32", "universal", cfg["targets"]["universal"], cfg["aot"], aot_dir)
-    return gate_bundle("rwkv7-tiny", "fp32", export_dir, aot_dir, stream_path, settings(cfg),
-                       tmp_path / "gate.json", tmp_path / "gate.tsv")
+    return export_dir, aot_dir
 
 
-def test_control_passes(tmp_path, cfg, tiny_source, stream_path):
-    result = build_and_gate(tmp_path, cfg, tiny_source, stream_path)
+def gate(top, cfg, stream_path):
+    return gate_bundle("rwkv7-tiny", "fp32", top / "export", top / "aot", stream_path, settings(cfg),
+                       top / "gate.json", top / "gate.tsv")
+
+
+@pytest.fixture(scope="module")
+def control(tmp_path_factory, cfg, tiny_source):
+    """The unbroken build, made once; tests that alter it work on a copy."""
+    top = tmp_path_factory.mktemp("control")
+    build(top, cfg, tiny_source)
+    return top
+
+
+def copy_build(control, tmp_path, with_aot=True):
+    shutil.copytree(control / "export", tmp_path / "export")
+    if with_aot:
+        shutil.copytree(control / "aot", tmp_path / "aot")
+    return tmp_path
+
+
+def test_control_passes(control, tmp_path, cfg, stream_path):
+    result = gate(copy_build(control, tmp_path), cfg, stream_path)
     assert result["pass"] and result["steps"] == STEPS
     assert result["agree_counted"] == result["counted"] and result["max_abs_dlogits"] < 1e-3
-    assert result["state_writes_per_step"] == {"recState": 1, "shiftState": 1}
+    assert result["state_writes"] == {"main": {"recState": 1, "shiftState": 1},
+                                      "prefill": {"recState": 1, "shiftState": 1}}
+    pre = result["prefill"]
+    assert (pre["pass"], pre["chunk"], pre["chunks"], pre["tail"], pre["tokens"]) == (True, CHUNK, 2, 5, 2 * CHUNK + 5)
+    assert [r["function"] for r in pre["rows"]] == ["prefill"] * 2 + ["main"] * 5
+    assert pre["agree_counted"] == pre["counted"] == 7 and pre["max_abs_dstate"] < 1e-4
     rows = (tmp_path / "gate.tsv").read_text().splitlines()
     assert len(rows) == STEPS + 1 and rows[0].startswith("step\tprompt")
 
 
-def _rejects(tmp_path, cfg, tiny_source, stream_path, corrupt=None) -> str:
+def _rejects(top, cfg, tiny_source, stream_path, corrupt=None) -> str:
     with pytest.raises(PipelineError) as exc:
-        build_and_gate(tmp_path, cfg, tiny_source, stream_path, corrupt)
-    assert not (tmp_path / "gate.json").exists(), "a failing gate must not leave its declared output"
-    failed = tmp_path / "gate.failed.json"
+        if not (top / "export").exists():
+            build(top, cfg, tiny_source, corrupt)
+        gate(top, cfg, stream_path)
+    assert not (top / "gate.json").exists(), "a failing gate must not leave its declared output"
+    failed = top / "gate.failed.json"
     if failed.exists():
         assert json.loads(failed.read_text())["pass"] is False
     return str(exc.value)
@@ -88,7 +121,7 @@ def _per_layer_forward(self, input_ids, position_ids):
 def test_states_written_per_layer_are_rejected(tmp_path, cfg, tiny_source, stream_path, monkeypatch):
     monkeypatch.setattr(export_graph.RWKV7Decode, "forward", _per_layer_forward)
     msg = _rejects(tmp_path, cfg, tiny_source, stream_path)
-    assert "state recState is written 2 times per step" in msg
+    assert "state recState is written 2 times per call of main" in msg
 
 
 def test_swapped_token_shift_slots_are_rejected(tmp_path, cfg, tiny_source, stream_path, monkeypatch):
@@ -113,21 +146,57 @@ def _corrupt_weights(aimodel):
     blob.write_bytes(bytes(data))
 
 
-def test_corrupted_weight_in_bundle_is_rejected(tmp_path, cfg, tiny_source, stream_path):
-    msg = _rejects(tmp_path, cfg, tiny_source, stream_path, corrupt=_corrupt_weights)
+def test_corrupted_weight_in_bundle_is_rejected(control, tmp_path, cfg, stream_path):
+    top = copy_build(control, tmp_path, with_aot=False)
+    _corrupt_weights(top / "export" / f"{BUNDLE}.aimodel")
+    build_target(top / "export", BUNDLE, "fp32", "universal", cfg["targets"]["universal"], cfg["aot"], top / "aot")
+    msg = _rejects(top, cfg, None, stream_path)
     assert "gate FAILED" in msg and "top-1 agreement" in msg  # the runtime does not check main.hash
+    assert "prefill: top-1 agreement" in msg                  # the prefill path runs the same weights
 
 
-def test_gate_cli_exits_nonzero_and_writes_no_output(tmp_path, cfg, tiny_source, stream_path, monkeypatch, capsys):
-    monkeypatch.setattr(export_graph, "NEG_EXP_HALF", math.exp(-0.5))
-    export_dir, aot_dir = tmp_path / "export", tmp_path / "aot"
-    export_recipe(tiny_source, "fp32", cfg["recipes"]["fp32"], BUNDLE, export_dir)
-    build_target(export_dir, BUNDLE, "fp32", "universal", cfg["targets"]["universal"], cfg["aot"], aot_dir)
+# --- prefill: the chunk math and the contract ------------------------------------------------------
+@pytest.mark.parametrize("mutation,needle", [
+    ("decay offset: inclusive cumsum where exclusive is due", r"prefill: state \w+ after \d+ tokens differs"),
+    ("missing in-chunk delta term in o", r"prefill: (top-1 agreement|max\|dlogits\||state \w+ after)")])
+def test_broken_prefill_chunk_is_rejected(tmp_path, cfg, tiny_source, stream_path, monkeypatch, mutation, needle):
+    """The decode path is untouched (T = 1 never reaches the chunk): only the prefill check can
+    see these, and it must fail the gate."""
+    monkeypatch.setattr(chunked, "wkv_chunk", mutant_wkv_chunk(*WKV_MUTATIONS[mutation]))
+    msg = _rejects(tmp_path, cfg, tiny_source, stream_path)
+    failed = json.loads((tmp_path / "gate.failed.json").read_text())
+    assert failed["agree_counted"] == failed["counted"] == STEPS and failed["max_abs_dlogits"] < 1e-3, \
+        "the decode path must still pass: the break is in the chunk only"
+    assert "gate FAILED" in msg and re.search(needle, msg), msg
+    assert failed["prefill"]["pass"] is False
+
+
+def _prefill_writing_rec_twice(self, input_ids, position_ids):
+    """Numerically right, but recState gets a second write right after the first:
+    ``x.copy_(a); x.copy_(b)`` — the second copy traces onto the first one's output."""
+    x = export_graph.run_layers(self, self.model.embeddings(input_ids.reshape(self.chunk).to(torch.int64)))
+    self.recState.copy_(self.recState * 1.0)
+    return self.lm_head(self.model.norm(x[-1:])).reshape(1, 1, self.g.vocab)
+
+
+def test_prefill_state_written_twice_is_rejected(tmp_path, cfg, tiny_source, stream_path, monkeypatch):
+    monkeypatch.setattr(export_graph.RWKV7Prefill, "forward", _prefill_writing_rec_twice)
+    msg = _rejects(tmp_path, cfg, tiny_source, stream_path)
+    assert "state recState is written 2 times per call of prefill" in msg
+    failed = json.loads((tmp_path / "gate.failed.json").read_text())
+    assert failed["prefill"]["pass"] is True  # the numbers agree: only the contract catches it
+
+
+# --- the CLI and stale inputs ---------------------------------------------------------------------
+def test_gate_cli_exits_nonzero_and_writes_no_output(control, tmp_path, cfg, stream_path, capsys):
+    top = copy_build(control, tmp_path, with_aot=False)
+    _corrupt_weights(top / "export" / f"{BUNDLE}.aimodel")
+    build_target(top / "export", BUNDLE, "fp32", "universal", cfg["targets"]["universal"], cfg["aot"], top / "aot")
     conf = tmp_path / "config.yaml"
     conf.write_text((cfg_path := os.path.join(os.path.dirname(__file__), "..", "config.yaml")) and
                     open(cfg_path).read().replace("steps: 127", f"steps: {STEPS}"))
     rc = cli.gate(["--config-file", str(conf), "--model", "rwkv7-tiny", "--recipe", "fp32",
-                   "--export", str(export_dir), "--aot", str(aot_dir), "--reference", str(stream_path),
+                   "--export", str(top / "export"), "--aot", str(top / "aot"), "--reference", str(stream_path),
                    "--json", str(tmp_path / "g.json"), "--tsv", str(tmp_path / "g.tsv")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1
@@ -135,14 +204,21 @@ def test_gate_cli_exits_nonzero_and_writes_no_output(tmp_path, cfg, tiny_source,
     assert not (tmp_path / "g.json").exists() and (tmp_path / "g.failed.json").exists()
 
 
-def test_a_lowering_of_other_bytes_is_not_gated(tmp_path, cfg, tiny_source, stream_path):
+def test_a_lowering_of_other_bytes_is_not_gated(control, tmp_path, cfg, stream_path):
     """The gate runs the lowering only if aot.json says it was built from exactly this bundle."""
-    export_dir, aot_dir = tmp_path / "export", tmp_path / "aot"
-    export_recipe(tiny_source, "fp32", cfg["recipes"]["fp32"], BUNDLE, export_dir)
-    build_target(export_dir, BUNDLE, "fp32", "universal", cfg["targets"]["universal"], cfg["aot"], aot_dir)
-    metadata = export_dir / f"{BUNDLE}.aimodel" / "metadata.json"
+    top = copy_build(control, tmp_path)
+    metadata = top / "export" / f"{BUNDLE}.aimodel" / "metadata.json"
     metadata.write_text(metadata.read_text() + " ")  # the bundle changed after it was lowered
     with pytest.raises(PipelineError, match="was lowered from other bytes than"):
-        gate_bundle("rwkv7-tiny", "fp32", export_dir, aot_dir, stream_path, settings(cfg),
-                    tmp_path / "gate.json", tmp_path / "gate.tsv")
+        gate(top, cfg, stream_path)
+    assert not (top / "gate.json").exists()
+
+
+def test_a_reference_for_another_chunk_is_refused(control, tmp_path, cfg, tiny_source, world_vocab):
+    """A reference made for prefill chunk 8 cannot check a bundle whose prefill takes 16 tokens."""
+    other = tmp_path / "stream8.npz"
+    with open(other, "wb") as fh:
+        np.savez(fh, **reference_stream(tiny_source, world_vocab, PROMPTS, STEPS, prefill={"chunk": 8}))
+    with pytest.raises(PipelineError, match="was made for prefill chunk 8, but the bundle's prefill takes 16 tokens"):
+        gate(copy_build(control, tmp_path), cfg, other)
     assert not (tmp_path / "gate.json").exists()

@@ -17,7 +17,6 @@ The client's backoff is 1, 2, 4, 8, 8 s: faults fire once or twice; a dead endpo
 from __future__ import annotations
 
 import hashlib
-import json
 import secrets
 from pathlib import Path
 
@@ -45,13 +44,6 @@ RETRY = "retry: files that completed stay in the Hugging Face cache and are not 
 READ_FIX = "check that HF_TOKEN holds a valid token with read access to the repo"
 WRITE_FIX = "check that HF_TOKEN holds a valid token with write access to the repo"
 ECHO = "(Authorization: Bearer <token>)"  # the echoed header, as it must come out: masked
-
-
-@pytest.fixture
-def hub():
-    with HubServer() as server:
-        yield server
-        assert server.errors == [], "the Hub stand-in itself failed"
 
 
 @pytest.fixture

@@ -149,6 +149,9 @@ def test_dvc_push_then_pull_restores_every_artifact_byte_for_byte(smk_repo):
     run("dvc pull -q", repo)
     assert tracked_outputs(repo) == before
     assert "Data and pipelines are up to date" in run("dvc status", repo).stdout
+    # a pull restores file times out of build order: with a clean `dvc status`, realign them
+    run("snakemake --cores 1 --touch publish", repo)
+    assert "Nothing to be done" in run("snakemake -n --cores 1 publish", repo).stdout
 
 
 def test_two_builds_in_two_directories_are_byte_identical(dvc_repo, smk_repo):
@@ -158,7 +161,7 @@ def test_two_builds_in_two_directories_are_byte_identical(dvc_repo, smk_repo):
     assert gate_numbers(repo) == gate_numbers(smk_repo[0])
     ours, theirs = tracked_outputs(smk_repo[0]), tracked_outputs(repo)
     assert sorted(ours) == sorted(theirs) and len(ours) > 40
-    stages = {rel.split("/")[2] for rel in ours}
+    stages = {rel.split("/")[2] for rel in ours if rel.count("/") >= 3}
     assert {"source", "vocab", "reference", "export", "aot", "gate", "card", "publish"} <= stages, stages
     differing = sorted(rel for rel in ours if ours[rel] != theirs[rel])
     assert differing == [], f"{len(differing)} files differ between the two builds: {differing[:8]}"

@@ -1,0 +1,24 @@
+from rwkv7_coreai.doctor import SOURCES as DOCTOR_SOURCES, doctor_json
+
+
+rule doctor:
+    # The peer lint: coreai doctor (coreai-cli, pinned) over the export graph's source, the
+    # checkpoint and the recipe's bundle. A fatal/silent finding fails the build (exit 2, one
+    # line); the JSON (every target's report) lands beside the gate result.
+    input:
+        sources=DOCTOR_SOURCES,
+        checkpoint=str(OUT.source),
+        export=str(OUT.export("{recipe}")),
+    output:
+        str(doctor_json(OUT, "{recipe}")),
+    params:
+        settings=settings("doctor"),
+        code=CODE["doctor"],
+    log:
+        str(OUT.log("doctor-{recipe}")),
+    conda:
+        "../envs/coreai.yaml"
+    shell:
+        "python scripts/doctor.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "--recipe {wildcards.recipe} --sources {input.sources} --checkpoint {input.checkpoint} "
+        "--export {input.export} --out {output} --log {log}"

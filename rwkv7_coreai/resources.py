@@ -1,0 +1,106 @@
+"""Cluster resources per job (``mem_mb``, ``runtime`` in minutes, ``cpus_per_task``) from the
+size of the model, for Snakemake's ``resources:`` and so for ``sbatch`` under the SLURM profile.
+
+Sizes come from the geometry the stage before recorded (``manifest.json`` of the source,
+``export.json`` of a bundle) -- the real checkpoint, not a guess from config.yaml -- so a job's
+numbers are known once its input exists; until then Snakemake shows ``<TBD>`` and evaluates
+them when the job is ready to run (a missing record raises FileNotFoundError for that input).
+
+Calibration (``BASE_MB`` + ``PER_BYTE`` x weight bytes, then ``HEADROOM``):
+* export: peak RSS 12.2 GB for the 1.5B (fp32 source 6.1 GB, int8keepproj bundle 2.17 GB) =
+  about 2x the fp32 weights; rwkv7-tiny: 630 MB (fp32 weights 69 MB).
+* aot / gate: rwkv7-tiny 360-440 MB; they hold the bundle (about 2x / 1.5x its bytes).
+* runtimes scale with parameters (and gate steps) from rwkv7-tiny on this 2-core machine;
+  only the tiny model's times are measured, so ``TIME_HEADROOM`` is generous.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+from pathlib import Path
+from typing import Callable
+
+from .geometry import Geometry, expected_shapes
+from .records import EXPORT, MANIFEST, load_json
+
+NAMES = ("mem_mb", "runtime", "cpus_per_task")
+DTYPE_BYTES = {"float32": 4, "float16": 2}
+HEADROOM = 1.25  # on memory
+TIME_HEADROOM = 3.0  # on run time
+RETRY_GROWTH = 0.5  # a retried job (profile `retries:`) asks for 1.5x, 2x, ... the memory
+MIN_RUNTIME = 10  # minutes
+# rule -> (base MB, bytes per weight byte, which weights: "fp32" source or the recipe's "bundle")
+MEMORY = {
+    "reference": (600, 1.5, "fp32"),
+    "export": (600, 2.0, "fp32"),
+    "aot": (500, 2.0, "bundle"),
+    "gate": (500, 1.5, "bundle"),
+}
+# rule -> seconds per billion parameters (per gate step for `gate`, per reference step for
+# `reference`), by the dtype the stage computes in; measured on rwkv7-tiny (17.2 M parameters)
+SECONDS_PER_GPARAM = {
+    "reference": {"float32": 1.7},
+    "export": {"float32": 1500.0, "float16": 1500.0},
+    "aot": {"float32": 120.0, "float16": 120.0},
+    "gate": {"float32": 7.0, "float16": 80.0},
+}
+STARTUP_S = 30  # imports (torch, coreai) and reading the inputs
+FLAT = {"toolchain": (500, 5), "vocab": (1000, 10), "card": (1000, 10), "stage_and_push": (2000, 30),
+        "source": (2000, 60)}  # rule -> (mem_mb, runtime) that do not grow with the model
+SIZED = tuple(MEMORY)
+
+
+def parameters(g: Geometry) -> int:
+    """Number of weights of the fla layout (every tensor ``expected_shapes`` lists)."""
+    return sum(math.prod(shape) for shape in expected_shapes(g).values())
+
+
+def geometry_of(record_dir: str | Path) -> Geometry:
+    """The geometry a stage recorded in ``record_dir`` (``manifest.json`` or ``export.json``).
+    Missing -> FileNotFoundError naming ``record_dir`` (Snakemake's cue for ``<TBD>``)."""
+    record_dir = Path(record_dir)
+    for name in (MANIFEST, EXPORT):
+        if (record_dir / name).is_file():
+            return Geometry(**load_json(record_dir / name)["geometry"])
+    raise FileNotFoundError(errno.ENOENT, "no manifest.json or export.json yet", str(record_dir))
+
+
+def cpus_for(params: int) -> int:
+    """Threads worth asking for: 1 below 0.5 B parameters, then 2, 4, 8."""
+    return next(c for limit, c in ((0.5e9, 1), (1e9, 2), (2e9, 4), (math.inf, 8)) if params < limit)
+
+
+def estimate(rule: str, g: Geometry | None = None, dtype: str = "float32", steps: int = 1, attempt: int = 1) -> dict:
+    """``{mem_mb, runtime, cpus_per_task}`` of one job of ``rule``. ``g`` is required for the
+    rules whose needs grow with the model (``SIZED``); ``dtype`` is the recipe's, ``steps`` the
+    gate's (reference and gate run one model step per token)."""
+    grow = 1 + RETRY_GROWTH * (max(attempt, 1) - 1)
+    if rule not in SIZED:
+        mem, minutes = FLAT[rule]
+        return {"mem_mb": int(mem * grow), "runtime": minutes, "cpus_per_task": 1}
+    params = parameters(g)
+    base, per_byte, weights = MEMORY[rule]
+    weight_bytes = params * (4 if weights == "fp32" else DTYPE_BYTES[dtype])
+    mem = (base + per_byte * weight_bytes / 1e6) * HEADROOM * grow
+    rates = SECONDS_PER_GPARAM[rule]
+    work = steps if rule in ("gate", "reference") else 1
+    seconds = STARTUP_S + rates.get(dtype, rates.get("float32")) * params / 1e9 * work
+    return {"mem_mb": int(math.ceil(mem / 100) * 100),
+            "runtime": max(MIN_RUNTIME, int(math.ceil(seconds * TIME_HEADROOM / 60))),
+            "cpus_per_task": cpus_for(params)}
+
+
+def for_rule(rule: str, config: dict, record: str | None = None) -> dict[str, Callable]:
+    """``resources:`` of a rule as Snakemake callables: ``resources: **for_rule("export", config,
+    "source")`` sizes each export from the geometry recorded in its ``input.source``."""
+
+    def one(name: str) -> Callable:
+        def value(wildcards, input, attempt):  # noqa: A002 - Snakemake passes these by name
+            g = geometry_of(input[record]) if record else None
+            recipe = config["recipes"].get(wildcards.get("recipe"), {})
+            return estimate(rule, g, dtype=recipe.get("dtype", "float32"), steps=config["gate"]["steps"],
+                            attempt=attempt)[name]
+        return value
+
+    return {name: one(name) for name in NAMES}

@@ -1,0 +1,210 @@
+"""Cluster execution: per-job resources from the model's size (rwkv7_coreai/resources.py), and
+the default DAG through profiles/slurm on a real single-node SLURM (Debian's slurm-wlm 22.05
+with slurmdbd, started by tests/cluster/start.sh), every job checked in `sacct`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rwkv7_coreai import resources
+from rwkv7_coreai.geometry import Geometry
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = ROOT / "tests" / "cluster"
+# the zoo's geometries (config.yaml: RWKV-7 World 0.1B, 0.4B, 1.5B, 2.9B)
+ZOO = {"0.1B": Geometry(12, 768, 64, 3072, 65536, 64, 64, 32, 128), "0.4B": Geometry(24, 1024, 64, 4096, 65536, 64, 64, 32, 160),
+       "1.5B": Geometry(24, 2048, 64, 8192, 65536, 96, 96, 64, 256), "2.9B": Geometry(32, 2560, 64, 10240, 65536, 96, 96, 64, 320)}
+MEASURED_1_5B_EXPORT_PEAK_MB = 12_200  # peak RSS of the 1.5B int8keepproj export (fp32 source 6.1 GB)
+GATE_PROMPTS, GATE_STEPS = ["Hello, who are you?", "What is 17 times 23?"], 24
+
+
+# --- resources.py --------------------------------------------------------------------------------
+def test_parameter_count_is_what_the_checkpoint_stores(tiny_source):
+    """4 bytes per parameter: the synthetic checkpoint's fp32 safetensors file, less its header."""
+    g = resources.geometry_of(tiny_source)
+    stored = (tiny_source / "model.safetensors").stat().st_size
+    header = 8 + int.from_bytes((tiny_source / "model.safetensors").read_bytes()[:8], "little")
+    assert resources.parameters(g) * 4 == stored - header
+
+
+def test_the_zoo_sizes_match_their_published_sizes():
+    """fp32 bytes of the 1.5B = the 6.1 GB source; parameter counts = the fla-hub names (191M, 1.5B, 2.9B)."""
+    counts = {name: resources.parameters(g) for name, g in ZOO.items()}
+    assert counts["1.5B"] * 4 / 1e9 == pytest.approx(6.1, abs=0.05)
+    assert round(counts["0.1B"] / 1e6) == 191 and round(counts["2.9B"] / 1e9, 1) == 2.9
+
+
+def test_export_memory_covers_the_measured_peak_without_waste():
+    mem = resources.estimate("export", ZOO["1.5B"], "float16")["mem_mb"]
+    assert MEASURED_1_5B_EXPORT_PEAK_MB < mem < 1.5 * MEASURED_1_5B_EXPORT_PEAK_MB
+
+
+def test_requests_grow_with_the_model_and_with_retries():
+    for rule in resources.SIZED:
+        asks = [resources.estimate(rule, g, "float16", steps=127) for g in ZOO.values()]
+        assert all(a["mem_mb"] < b["mem_mb"] and a["runtime"] <= b["runtime"] for a, b in zip(asks, asks[1:])), rule
+    assert [resources.cpus_for(resources.parameters(g)) for g in ZOO.values()] == [1, 1, 4, 8]
+    first, retry = (resources.estimate("export", ZOO["1.5B"], attempt=a)["mem_mb"] for a in (1, 2))
+    assert retry >= 1.5 * first - 100
+    assert resources.estimate("card")["mem_mb"] == resources.FLAT["card"][0]
+
+
+def test_a_job_without_its_record_yet_is_to_be_determined(tmp_path, tiny_source):
+    """Snakemake shows <TBD> for a resource whose function raises FileNotFoundError for an input."""
+    missing = tmp_path / "results/m/source"
+    with pytest.raises(FileNotFoundError) as exc:
+        resources.geometry_of(missing)
+    assert exc.value.filename == str(missing)
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "export.json").write_text(json.dumps({"geometry": resources.geometry_of(tiny_source).as_dict()}))
+    assert resources.geometry_of(export) == resources.geometry_of(tiny_source)
+
+
+def dry_run_jobs(text: str) -> list[dict]:
+    """(rule, local?, wildcards, resources) of every job block a Snakemake (dry) run printed."""
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule \S+:\n)", text):
+        head = re.match(r"(local)?rule (\S+):\n", block)
+        if not head:
+            continue
+        fields = dict(re.findall(r"^\s+(wildcards|resources): (.*)$", block, re.M))
+        parse = lambda s: dict(kv.split("=", 1) for kv in s.split(", ")) if s else {}  # noqa: E731
+        jobs.append({"rule": head.group(2), "local": bool(head.group(1)), "wildcards": parse(fields.get("wildcards")),
+                     "resources": parse(fields.get("resources"))})
+    return jobs
+
+
+def expected(repo_results: Path, cfg: dict, job: dict) -> dict:
+    """What resources.py asks for this job, from the records of the built tree."""
+    w, rule = job["wildcards"], job["rule"]
+    record = {"reference": "source", "export": "source", "aot": "export", "gate": "export"}.get(rule)
+    g = None
+    if record:
+        base = repo_results / w["model"]
+        g = resources.geometry_of(base / "source" if record == "source" else base / "export" / w["recipe"])
+    dtype = cfg["recipes"].get(w.get("recipe"), {}).get("dtype", "float32")
+    return resources.estimate(rule, g, dtype, steps=cfg["gate"]["steps"])
+
+
+def test_the_rules_ask_for_what_resources_py_computes(tiny_results, tmp_path):
+    """A dry run over a built tree: every job's mem_mb/runtime/cpus_per_task is resources.py's."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    repo = tmp_path / "repo"
+    for rel in files:
+        if (ROOT / rel).is_file() and not rel.startswith("tests/"):
+            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, repo / rel)
+    cfg = yaml.safe_load((repo / "config.yaml").read_text())
+    cfg["results"], cfg["gate"]["prompts"], cfg["gate"]["steps"] = str(tiny_results), GATE_PROMPTS, 40
+    (repo / "config.yaml").write_text(yaml.safe_dump(cfg, allow_unicode=True))
+    env = dict(os.environ, PATH=f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(repo))
+    proc = subprocess.run("snakemake -n --forceall --cores 1 publish", cwd=repo, env=env, shell=True,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = [j for j in dry_run_jobs(proc.stdout + proc.stderr) if j["rule"] not in ("source", "stage_and_push", "publish")]
+    assert {j["rule"] for j in jobs} == {"toolchain", "vocab", "reference", "export", "aot", "gate", "card"}
+    for job in jobs:
+        asked = {k: int(job["resources"][k]) for k in resources.NAMES}
+        assert asked == expected(tiny_results, cfg, job), job
+
+
+# --- a real SLURM --------------------------------------------------------------------------------
+def _sacct(run_id: str) -> list[dict]:
+    out = subprocess.run(["sacct", "-X", "-P", "-n", "--name", run_id,
+                          "-o", "JobID,State,ExitCode,ReqMem,Timelimit,ReqCPUS,Elapsed,Comment%300"],
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    keys = ("id", "state", "exit", "mem", "limit", "cpus", "elapsed", "comment")
+    return [dict(zip(keys, line.split("|", len(keys) - 1))) for line in out.splitlines() if line]
+
+
+def _minutes(limit: str) -> int:
+    days, _, hms = limit.rpartition("-")
+    h, m, s = map(int, hms.split(":"))
+    return int(days or 0) * 1440 + h * 60 + m + math.ceil(s / 60)
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    state = tmp_path_factory.mktemp("slurm")
+    start = subprocess.run(["timeout", "-k", "5", "120", "bash", str(CLUSTER / "start.sh"), str(state)],
+                           capture_output=True, text=True)
+    try:
+        assert start.returncode == 0, f"tests/cluster/start.sh failed:\n{start.stdout}\n{start.stderr}"
+        print(start.stdout.strip())
+        yield state
+    finally:
+        subprocess.run(["timeout", "-k", "5", "120", "bash", str(CLUSTER / "stop.sh"), str(state)])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("slurmctld") is None,
+                    reason="slurmctld not installed: `make test-cluster` installs SLURM (Debian slurm-wlm, slurmdbd, "
+                           "munge, mariadb-server) and runs this test")
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting slurmd/slurmctld here needs root")
+def test_the_default_dag_runs_as_slurm_jobs_and_every_job_completes(slurm, tmp_path_factory):
+    from test_pipeline_integration import fresh_copy, run
+
+    repo = fresh_copy(tmp_path_factory.mktemp("cluster"))
+    cfg = yaml.safe_load((repo / "config.yaml").read_text())
+    cfg["gate"]["prompts"], cfg["gate"]["steps"] = GATE_PROMPTS, GATE_STEPS  # shortened, as in the integration test
+    (repo / "config.yaml").write_text(yaml.safe_dump(cfg, allow_unicode=True, sort_keys=False))
+    run("git -c user.name=t -c user.email=t@t commit -qam 'short gate'", repo)
+
+    start = time.monotonic()
+    proc = run("timeout -k 10 1500 snakemake --profile profiles/slurm --slurm-init-seconds-before-status-checks 2 "
+               "publish", repo, timeout=1600)
+    wall = time.monotonic() - start
+    log = proc.stdout + proc.stderr
+    run_id = re.search(r"SLURM run ID: (\S+)", log).group(1)
+    # every job of the DAG (a dry run prints them all, with their resources); the run printed its local ones
+    dry = run("snakemake -n --forceall --profile profiles/slurm publish", repo)
+    every = dry_run_jobs(dry.stdout + dry.stderr)
+    local = {(j["rule"], tuple(j["wildcards"].items())) for j in dry_run_jobs(log) if j["local"]}
+    assert {rule for rule, _ in local} == {"source", "stage_and_push", "publish"}, "localrules"
+    remote = {f"rule_{j['rule']}" + (f"_wildcards_{'_'.join(j['wildcards'].values())}" if j["wildcards"] else ""): j
+              for j in every if (j["rule"], tuple(j["wildcards"].items())) not in local}
+    assert {j["rule"] for j in remote.values()} == {"toolchain", "vocab", "reference", "export", "aot", "gate", "card"}
+
+    rows = _sacct(run_id)
+    print(f"\n{len(rows)} SLURM jobs, wall {wall:.0f} s (snakemake --profile profiles/slurm publish):")
+    for r in rows:
+        print(f"  {r['id']:>4} {r['state']:<10} {r['elapsed']} mem {r['mem']:>6} limit {r['limit']} cpus {r['cpus']}"
+              f"  {r['comment']}")
+    assert sorted(r["comment"] for r in rows) == sorted(remote), "one SLURM job per non-local job of the DAG"
+    assert {(r["state"], r["exit"]) for r in rows} == {("COMPLETED", "0:0")}
+
+    results = repo / "results"
+    for r in rows:  # sbatch got what resources.py computes from the job's records (and the dry run shows)
+        job, want = remote[r["comment"]], expected(results, cfg, remote[r["comment"]])
+        assert (int(r["mem"].rstrip("M")), _minutes(r["limit"]), int(r["cpus"])) == \
+            (want["mem_mb"], want["runtime"], want["cpus_per_task"]), r
+        assert {k: int(job["resources"][k]) for k in resources.NAMES} == want, job
+    # what each stage measured itself (ru_maxrss, in its log) stayed under what its job asked for
+    peaks = {}
+    for logfile in (results / "logs/rwkv7-tiny").glob("*.log"):
+        m = re.search(r"peak RSS (\d+) MB", logfile.read_text())
+        if m:
+            peaks[logfile.stem] = int(m.group(1))
+    assert len(peaks) == 9, sorted(peaks)  # export, aot and gate of three recipes
+    asked = {"-".join([j["rule"], *[v for k, v in j["wildcards"].items() if k != "model"]]): int(r["mem"].rstrip("M"))
+             for r in rows for j in [remote[r["comment"]]]}
+    assert all(peaks[name] < asked[name] for name in peaks), (peaks, asked)
+
+    for recipe in cfg["models"]["rwkv7-tiny"]["recipes"]:
+        gate = json.loads((results / f"rwkv7-tiny/gate/{recipe}.json").read_text())
+        assert gate["pass"] is True and gate["steps"] == GATE_STEPS
+    assert (results / "rwkv7-tiny/publish/publish.json").is_file()
+    assert "Nothing to be done" in run("snakemake -n --cores 1 publish", repo).stdout
+    assert "Data and pipelines are up to date" in run("dvc status", repo).stdout

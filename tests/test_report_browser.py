@@ -1,0 +1,156 @@
+"""The HTML build report, opened in headless Chromium: the numbers shown are the gate JSON's and
+the export log's, every SVG plot is drawn with one point per gate step (and its points encode the
+TSV's values), the card preview is rendered, and the page loads nothing from anywhere.
+
+The export logs come from export.main itself (its conversion stubbed out, so the summary line is
+the one the export stage writes, with this process's numbers); the doctor JSONs from doctor.main.
+Skipped, with the reason, where no Chromium or playwright is installed."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from rwkv7_coreai import doctor, export, report
+from rwkv7_coreai.paths import Layout
+from rwkv7_coreai.records import read_export
+
+RESULTS = None  # the tiny results tree (conftest)
+M = "rwkv7-tiny"
+CHROMIUM = "/usr/bin/chromium"
+LOG_LINE = re.compile(r" in (\d+\.\d) s, peak RSS (\d+) MB;")  # the test's own reading of export.py's line
+
+
+def recipes() -> list[str]:
+    return yaml.safe_load((RESULTS.parent / "config.yaml").read_text())["models"][M]["recipes"]
+
+
+def build(out: Path, gates: list[Path] | None = None) -> Path:
+    lay = Layout(RESULTS, M)
+    rs = recipes()
+    logs, doctors = out.parent / "logs", out.parent / "doctor"
+    argv = ["--config-file", str(RESULTS.parent / "config.yaml"), "--model", M, "--card", str(lay.card),
+            "--out", str(out), "--gates", *map(str, gates or [lay.gate_json(r) for r in rs]),
+            "--tsvs", *[str(lay.gate_tsv(r)) for r in rs], "--exports", *[str(lay.export(r)) for r in rs],
+            "--logs", *[str(logs / f"export-{r}.log") for r in rs],
+            "--doctors", *[str(doctors / f"{r}.doctor.json") for r in rs]]
+    assert report.main(argv) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, repo_root):
+    """Export logs (export.main with the conversion stubbed) and doctor JSONs for every recipe."""
+    tmp = tmp_path_factory.mktemp("report")
+    lay, conf = Layout(RESULTS, M), str(RESULTS.parent / "config.yaml")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(export, "export_recipe", lambda source, name, *a: read_export(lay.export(name)))
+        for r in recipes():
+            assert export.main(["--config-file", conf, "--model", M, "--recipe", r, "--source", str(lay.source),
+                                "--out", str(tmp / "unused"), "--log", str(tmp / "logs" / f"export-{r}.log")]) == 0
+    for r in recipes():
+        assert doctor.main(["--config-file", conf, "--model", M, "--recipe", r, "--sources",
+                            *[str(repo_root / s) for s in doctor.SOURCES], "--checkpoint", str(lay.source),
+                            "--export", str(lay.export(r)), "--out", str(tmp / "doctor" / f"{r}.doctor.json")]) == 0
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def page():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed: pip install playwright==1.65.2")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no browser at {CHROMIUM}: apt-get install -y chromium")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        pg = browser.new_page()
+        pg.requests = []
+        pg.on("request", lambda req: pg.requests.append(req.url))
+        yield pg
+        browser.close()
+
+
+def cell(page, recipe: str, key: str) -> str:
+    return page.locator(f'#recipes tr[data-recipe="{recipe}"] [data-key="{key}"]').inner_text().strip()
+
+
+def test_numbers_plots_and_card_in_chromium(inputs, page):
+    html = build(inputs / "index.html")
+    page.goto(html.as_uri())
+    assert page.requests == [html.as_uri()], "the report must not load anything else"
+    assert page.locator("script").count() == 0
+    lay = Layout(RESULTS, M)
+    assert page.locator("#recipes tbody tr").count() == len(recipes()) == 3
+    for r in recipes():
+        g = json.loads(lay.gate_json(r).read_text())
+        assert cell(page, r, "pass") == "PASS"
+        assert int(cell(page, r, "agree_counted")) == g["agree_counted"] and int(cell(page, r, "counted")) == g["counted"]
+        assert int(cell(page, r, "near_ties")) == g["near_ties"]
+        for key in ("max_abs_dlogits", "mean_kl"):
+            assert float(cell(page, r, key)) == pytest.approx(g[key], rel=1e-3), key
+        assert cell(page, r, "size_bytes") == f"{g['size_bytes'] / 1e6:.1f} MB"
+        lowered = sum(f["size"] for f in g["tested_files"]["lowered"].values())
+        assert cell(page, r, "lowered_bytes") == f"{lowered / 1e6:.1f} MB"
+        seconds, rss = LOG_LINE.findall((inputs / "logs" / f"export-{r}.log").read_text())[-1]
+        assert cell(page, r, "export_seconds") == f"{seconds} s" and cell(page, r, "export_rss_mb") == f"{rss} MB"
+        pre = g["prefill"]  # the gate's check of the chunked prefill function against the reference
+        assert cell(page, r, "prefill_pass") == "PASS" and int(cell(page, r, "prefill_chunk")) == pre["chunk"]
+        assert int(cell(page, r, "prefill_agree_counted")) == pre["agree_counted"]
+        assert int(cell(page, r, "prefill_counted")) == pre["counted"]
+        assert float(cell(page, r, "prefill_max_abs_dstate")) == pytest.approx(pre["max_abs_dstate"], rel=1e-3)
+        assert cell(page, r, "doctor_findings") == "0 findings"
+
+        tsv = np.genfromtxt(lay.gate_tsv(r), delimiter="\t", names=True)
+        assert len(tsv) == g["steps"]
+        for key in ("max_abs_dlogits", "ref_margin"):
+            svg = page.locator(f'section[data-recipe="{r}"] svg[data-key="{key}"]')
+            drawn = svg.evaluate("""el => {
+                const line = el.querySelector('polyline.series'), box = line.getBBox(), rect = el.getBoundingClientRect();
+                return {n: line.points.numberOfItems, w: box.width, h: box.height, sw: rect.width, sh: rect.height,
+                        ys: Array.from({length: line.points.numberOfItems}, (_, i) => line.points.getItem(i).y)};
+            }""")
+            assert drawn["n"] == g["steps"], (r, key)
+            assert drawn["w"] > 300 and drawn["h"] > 10 and drawn["sw"] > 0 and drawn["sh"] > 0, (r, key, drawn)
+            # the points encode the values: y is one affine function of the TSV column (to the drawn 0.1 px)
+            v, y = tsv[key], np.array(drawn["ys"])
+            lo, hi = int(np.argmin(v)), int(np.argmax(v))
+            slope = (y[hi] - y[lo]) / (v[hi] - v[lo])
+            assert slope < 0 and np.abs(y[lo] + slope * (v - v[lo]) - y).max() < 0.15, (r, key)
+            assert svg.locator("circle.mismatch").count() == int((tsv["agree"] == 0).sum())
+    card = lay.card.read_text()
+    title = re.search(r"^# (.+)$", card, re.M).group(1)
+    assert page.locator("#card h1").inner_text() == title
+    separators = re.findall(r"^\|(?:\s*:?-+:?\s*\|)+\s*$", card, re.M)  # one per Markdown table
+    assert page.locator("#card table").count() == len(separators) >= 3
+    assert "<!--" not in page.locator("#card").inner_text()
+
+
+def test_prefill_speedup_no_prefill_failures_and_missing_logs_are_shown(inputs, page, tmp_path):
+    lay, rs = Layout(RESULTS, M), recipes()
+    gates = []
+    for r in rs:
+        g = json.loads(lay.gate_json(r).read_text())
+        if r == "fp16":
+            g["prefill"]["speedup"] = 11.46
+        if r == "fp32":
+            del g["prefill"]  # a bundle without a prefill function
+        if r == "int8keepproj":
+            g.update({"pass": False, "reasons": ["top-1 agreement 30/40 outside near-ties is below 1.0"]})
+        gates.append(tmp_path / f"{r}.json")
+        gates[-1].write_text(json.dumps(g))
+    shutil.copytree(inputs / "doctor", tmp_path / "doctor")  # and no logs beside it
+    page.goto(build(tmp_path / "index.html", gates).as_uri())
+    assert cell(page, "fp16", "prefill_speedup") == "11.5×"
+    assert cell(page, "fp16", "prefill").endswith("11.5× faster than decode")
+    assert cell(page, "fp32", "prefill") == "no prefill"
+    assert cell(page, "int8keepproj", "pass") == "FAIL" and cell(page, "fp16", "pass") == "PASS"
+    assert "top-1 agreement 30/40" in page.locator('section[data-recipe="int8keepproj"] li.fail').inner_text()
+    assert cell(page, "fp32", "export_seconds") == "no log"
