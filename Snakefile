@@ -30,6 +30,8 @@ include: "rules/reference.smk"
 include: "rules/export.smk"
 include: "rules/aot.smk"
 include: "rules/gate.smk"
+include: "rules/doctor.smk"
+include: "rules/report.smk"
 include: "rules/card.smk"
 include: "rules/publish.smk"
 
@@ -38,3 +40,4 @@ rule publish:
     default_target: True
     input:
         expand(str(OUT.publish), model=MODELS),
+        expand(str(report_path(OUT)), model=MODELS),

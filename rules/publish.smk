@@ -3,6 +3,8 @@ rule stage_and_push:
     # uploads in one commit when publish.push is on and HF_TOKEN is set.
     input:
         unpack(lambda w: stage_inputs(publish_inputs, w)),
+        # not read: publish waits for the lint, so a bundle coreai doctor rejects is never pushed
+        doctors=lambda w: [str(doctor_json(Layout(RES, w.model), r)) for r in config["models"][w.model]["recipes"]],
     output:
         directory(str(OUT.publish)),
     params:

@@ -11,6 +11,7 @@ import sys
 
 COMMANDS = {  # name: (module, one-line description)
     "beta-watch": ("rwkv7_coreai.beta_watch", "find newer coreai-* versions; --apply rebuilds and compares"),
+    "generate": ("rwkv7_coreai.generate", "generate text with a built bundle in the Core AI runtime (--help)"),
 }
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from .aot import main as aot
 from .card import main as card
+from .doctor import main as doctor
 from .export import main as export
 from .gate import main as gate
 from .publish import main as publish
 from .reference_stream import main as reference
+from .report import main as report
 from .source import main as source
 from .toolchain import main as toolchain
 from .vocab import main as vocab
 
-__all__ = ["aot", "card", "export", "gate", "publish", "reference", "source", "toolchain", "vocab"]
+__all__ = ["aot", "card", "doctor", "export", "gate", "publish", "reference", "report", "source", "toolchain", "vocab"]

@@ -221,6 +221,8 @@ STAGE_KEYS: dict[str, list[tuple[str, ...]]] = {
              ("models", "{model}", "dir")],
     "card": [("models", "{model}"), ("recipes",), ("targets",)],
     "stage_and_push": [("models", "{model}", k) for k in ("publish", "recipes", "targets", "dir")],
+    "doctor": [],
+    "report": [],
 }
 _KINDS = {"models": "model", "recipes": "recipe", "targets": "target"}
 

@@ -21,9 +21,10 @@ ENTRY = {
     "toolchain": ("toolchain", "toolchain"), "source": ("source", "source"), "vocab": ("vocab", "vocab"),
     "reference": ("reference", "reference_stream"), "export": ("export", "export"), "aot": ("aot", "aot"),
     "gate": ("gate", "gate"), "card": ("card", "card"), "stage_and_push": ("publish", "publish"),
+    "doctor": ("doctor", "doctor"), "report": ("report", "report"),
 }
 # data files a module reads at run time (package-relative globs)
-DATA = {"card": ("templates/*.j2",), "config": ("schemas/*.yaml",)}
+DATA = {"card": ("templates/model_card.md.j2",), "report": ("templates/report.html.j2",), "config": ("schemas/*.yaml",)}
 
 
 def _imports(module: str) -> set[str]:

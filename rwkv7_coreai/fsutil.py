@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .errors import PipelineError
+from .progress import Progress
 
 CHUNK = 1 << 20
 # bookkeeping files that tools drop into directory outputs; never part of an artifact
@@ -26,9 +27,10 @@ IGNORED = frozenset({".snakemake_timestamp", ".gitignore"})
 
 def sha256_file(path: str | Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open(path, "rb") as fh, Progress(f"hashing {Path(path).name}", os.fstat(fh.fileno()).st_size, "B") as bar:
         for chunk in iter(lambda: fh.read(CHUNK), b""):
             digest.update(chunk)
+            bar.update(len(chunk))
     return digest.hexdigest()
 
 

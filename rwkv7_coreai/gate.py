@@ -28,6 +28,7 @@ from .coreai_runtime import PromptSession
 from .entrypoints import DECODE, PREFILL, bundle_functions
 from .errors import PipelineError, main_guard
 from .fsutil import atomic_path, dumps_json, sha256_file, tree_manifest
+from .progress import progress
 from .records import read_aot, read_export
 
 TSV_COLUMNS = ("step", "prompt", "pos", "token", "ref_top1", "ref_top2", "engine_top1", "ref_margin",
@@ -100,7 +101,9 @@ def decode_rows(sess, stream: dict, eps: float) -> list[dict]:
     """The per-prompt streams through the decode function, states reset at each new prompt."""
     rows: list[dict] = []
     prev_prompt = None
-    for step, (tok, prompt, pos) in enumerate(zip(stream["tokens"], stream["prompt"], stream["pos"])):
+    steps = zip(stream["tokens"], stream["prompt"], stream["pos"])
+    label = f"gate {Path(sess.aimodelx).stem}"  # e.g. gate rwkv7-tiny-fp16
+    for step, (tok, prompt, pos) in enumerate(progress(steps, label, len(stream["tokens"]), "steps")):
         if prompt != prev_prompt:
             sess.reset()
             prev_prompt = prompt

@@ -20,7 +20,7 @@ import os
 import shutil
 from pathlib import Path
 
-from . import stage
+from . import catalog, stage
 from .errors import PipelineError, main_guard
 from .fsutil import IGNORED, atomic_path, dumps_json, first_difference, sha256_file, tree_manifest
 from .paths import VOCAB_TSV
@@ -263,5 +263,6 @@ def main(argv=None) -> int:
         pushed = receipt["push"]
         stage.log.info("published %s to %s: commit %s (%d files committed, %d already identical)", ns.model,
                        pushed["repo"], pushed["commit"], len(pushed["committed"]), len(pushed["skipped"]))
+        catalog.write_entries(Path(ns.out))  # coreai-catalog entries beside the receipt (only after a commit)
     else:
         stage.log.info("%s: %s; staged %d files in %s", ns.model, why, len(receipt["files"]), ns.out)

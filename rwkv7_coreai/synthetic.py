@@ -16,6 +16,7 @@ import torch
 from . import blinkdl
 from .checkpoint import save_normalized
 from .geometry import Geometry, expected_shapes
+from .progress import Progress
 
 LM_HEAD_GAIN = 3.0      # base logit std
 LM_HEAD_ROW_SPREAD = 0.4  # log-normal spread of lm_head row norms: a few tokens stand out,
@@ -59,7 +60,13 @@ def _init(name: str, shape: tuple[int, ...], g: Geometry, gen: torch.Generator) 
 
 def synthetic_state_dict(g: Geometry, seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(int(seed))
-    return {name: _init(name, shape, g, gen).contiguous() for name, shape in expected_shapes(g).items()}
+    shapes = expected_shapes(g)
+    out = {}
+    with Progress("synthesising weights", total=sum(math.prod(s) for s in shapes.values()), unit="params") as bar:
+        for name, shape in shapes.items():
+            out[name] = _init(name, shape, g, gen).contiguous()
+            bar.update(math.prod(shape))
+    return out
 
 
 def pack_mixers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

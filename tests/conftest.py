@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("RWKV7_PROGRESS", "0")  # progress lines on stderr would break the one-line-error checks
 
 
 @pytest.fixture(scope="session")
@@ -117,7 +118,9 @@ def tiny_results(tmp_path_factory, repo_root) -> Path:
     import yaml
 
     from rwkv7_coreai import cli
-    from rwkv7_coreai.paths import Layout, stage_args
+    from rwkv7_coreai.doctor import SOURCES, doctor_json
+    from rwkv7_coreai.paths import Layout, as_args, stage_args
+    from rwkv7_coreai.report import report_inputs, report_path
 
     root = tmp_path_factory.mktemp("pipeline")
     res = root / "results"
@@ -148,7 +151,10 @@ def tiny_results(tmp_path_factory, repo_root) -> Path:
         run("aot", f"aot-{m}-universal-{r}", [*base, "--recipe", r, "--target", "universal", "--export", exp, "--out", aot])
         run("gate", f"gate-{m}-{r}", [*base, "--recipe", r, "--export", exp, "--aot", aot, "--reference", ref,
                                       "--json", str(lay.gate_json(r)), "--tsv", str(lay.gate_tsv(r))])
+        run("doctor", f"doctor-{m}-{r}", [*base, "--recipe", r, "--sources", *[str(repo_root / s) for s in SOURCES],
+                                          "--checkpoint", src, "--export", exp, "--out", str(doctor_json(lay, r))])
     run("card", f"card-{m}", [*base, *stage_args("card", res, m, recipes), "--out", str(lay.card)])
+    run("report", f"report-{m}", [*base, *as_args(report_inputs(lay, recipes)), "--out", str(report_path(lay))])
     run("publish", f"stage_and_push-{m}", [*base, *stage_args("publish", res, m, recipes, cfg["models"][m]["targets"]),
                                            "--out", str(lay.publish)])
     for out in [lay.source, *(lay.export(r) for r in recipes), *(lay.aot("universal", r) for r in recipes)]:

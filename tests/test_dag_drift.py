@@ -26,8 +26,8 @@ def test_dvc_parses_the_same_stages(repo_root, jobs):
 
 def test_every_stage_kind_is_present(jobs):
     rules = {j["rule"] for j in jobs}
-    assert rules == {"toolchain", "source", "vocab", "reference", "export", "aot", "gate", "card",
-                     "stage_and_push", "publish"}
+    assert rules == {"toolchain", "source", "vocab", "reference", "export", "aot", "gate", "doctor", "card",
+                     "report", "stage_and_push", "publish"}
     assert sum(j["rule"] == "export" for j in jobs) == 3
 
 

@@ -32,6 +32,7 @@ HUB_REPO = "tester/rwkv7-tiny-coreai"
 TOKEN = "hf_FAKE_publish_token_42"
 EPOCH = "1767225600"
 LINK_ABOVE = 256 * 1024  # bytes; smaller files are copied, so editing them never reaches results/
+LOCAL = {"publish.json", "coreai-catalog.yaml"}  # written beside the staged tree, never uploaded
 
 
 
@@ -356,7 +357,7 @@ def test_first_publish_is_one_commit_with_every_staged_file(pushes):
     history = first["history"]
     assert len(history) == 2  # the repo's initial commit (create_repo) + exactly one of ours
     commit = pushes["commits"][history[0]]
-    staged = first["files"] - {"publish.json"}
+    staged = first["files"] - LOCAL
     assert sorted(commit.operations) == sorted(f"add {rel}" for rel in staged)
     assert set(first["remote"]) == staged | {".gitattributes"}
     assert first["remote"]["README.md"] == first["staged"]["README.md"]  # nothing remote to merge into
@@ -375,8 +376,10 @@ def test_first_publish_is_one_commit_with_every_staged_file(pushes):
 
 def test_publish_json_stays_local(pushes):
     for run in pushes["runs"]:
-        assert "publish.json" not in run["remote"]
+        assert not LOCAL & set(run["remote"])
     assert (pushes["out"] / "publish.json").is_file()
+    # coreai-catalog entries only after a push that made a commit (the second publish commits nothing)
+    assert "coreai-catalog.yaml" in pushes["first"]["files"] and "coreai-catalog.yaml" not in pushes["second"]["files"]
 
 
 def test_publishing_again_makes_no_commit(pushes):
@@ -385,7 +388,7 @@ def test_publishing_again_makes_no_commit(pushes):
     assert second["history"] == first["history"]
     push = second["receipt"]["push"]
     assert push["pushed"] is True and push["commit"] is None
-    assert push["committed"] == [] and push["skipped"] == sorted(first["files"] - {"publish.json"})
+    assert push["committed"] == [] and push["skipped"] == sorted(first["files"] - LOCAL)
     assert second["remote"] == first["remote"]
 
 
