@@ -8,7 +8,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export DVC_NO_ANALYTICS := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: setup browser publish test lint dvc-repro verify bench clean
+.PHONY: setup browser publish test test-cluster lint dvc-repro verify bench clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,12 @@ browser:
 
 test: setup browser
 	bash .ci/pytest.sh
+
+# the default DAG as SLURM jobs on a single-node SLURM started here (root; installs Debian's
+# slurm-wlm, slurmdbd, munge, mariadb-server when missing), every job COMPLETED in sacct
+test-cluster: setup
+	bash tests/cluster/install.sh
+	timeout -k 30 2700 bash .ci/pytest.sh -s tests/test_cluster.py
 
 # dvc status by content, not file times: an empty state cache makes DVC re-hash every output
 verify: setup

@@ -24,6 +24,14 @@ include: "rules/common.smk"  # validates the merged config: one line per problem
 validate(config, schema="rwkv7_coreai/schemas/config.schema.yaml")
 
 
+# download (network, Hugging Face cache) and publish (HF_TOKEN) run where snakemake runs, never
+# as cluster jobs (profiles/slurm)
+localrules:
+    source,
+    stage_and_push,
+    publish,
+
+
 include: "rules/source.smk"
 include: "rules/vocab.smk"
 include: "rules/reference.smk"

@@ -11,6 +11,7 @@ rule aot:
         str(OUT.log("aot-{target}-{recipe}")),
     resources:
         apple_gpu=lambda w: int(config["targets"][w.target]["kind"] == "device"),
+        **sizing.for_rule("aot", config, "export"),
     conda:
         "../envs/coreai.yaml"
     shell:

@@ -11,6 +11,8 @@ rule card:
         code=CODE["card"],
     log:
         str(OUT.log("card")),
+    resources:
+        **sizing.for_rule("card", config),
     conda:
         "../envs/hub.yaml"
     shell:

@@ -6,6 +6,7 @@ import time
 
 from rwkv7_coreai import config as cfgmod
 from rwkv7_coreai import fingerprint, toolchain
+from rwkv7_coreai import resources as sizing  # cluster resources from the model's size
 from rwkv7_coreai.errors import exit_on_error
 from rwkv7_coreai.paths import STATE_DIR, Layout, card_inputs, publish_inputs
 

@@ -16,6 +16,8 @@ rule doctor:
         code=CODE["doctor"],
     log:
         str(OUT.log("doctor-{recipe}")),
+    resources:
+        **sizing.for_rule("doctor", config),
     conda:
         "../envs/coreai.yaml"
     shell:

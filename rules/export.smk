@@ -10,7 +10,7 @@ rule export:
     log:
         str(OUT.log("export-{recipe}")),
     resources:
-        mem_mb=16000,
+        **sizing.for_rule("export", config, "source"),
     conda:
         "../envs/coreai.yaml"
     shell:

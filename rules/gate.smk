@@ -14,6 +14,8 @@ rule gate:
         code=CODE["gate"],
     log:
         str(OUT.log("gate-{recipe}")),
+    resources:
+        **sizing.for_rule("gate", config, "export"),
     conda:
         "../envs/coreai.yaml"
     shell:

@@ -10,6 +10,8 @@ rule reference:
         code=CODE["reference"],
     log:
         str(OUT.log("reference")),
+    resources:
+        **sizing.for_rule("reference", config, "source"),
     conda:
         "../envs/coreai.yaml"
     shell:

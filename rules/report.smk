@@ -15,6 +15,8 @@ rule report:
         code=CODE["report"],
     log:
         str(OUT.log("report")),
+    resources:
+        **sizing.for_rule("report", config),
     conda:
         "../envs/hub.yaml"
     shell:

@@ -11,6 +11,8 @@ rule toolchain:
         code=CODE["toolchain"],
     log:
         f"{RES}/logs/toolchain.log",
+    resources:
+        **sizing.for_rule("toolchain", config),
     conda:
         "../envs/coreai.yaml"
     shell:

@@ -8,6 +8,8 @@ rule vocab:
         code=CODE["vocab"],
     log:
         str(OUT.log("vocab")),
+    resources:
+        **sizing.for_rule("vocab", config),
     conda:
         "../envs/hub.yaml"
     shell:

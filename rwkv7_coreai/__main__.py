@@ -10,6 +10,7 @@ import importlib
 import sys
 
 COMMANDS = {  # name: (module, one-line description)
+    "status": ("rwkv7_coreai.status", "one row per model and recipe: built, gated, published, stale"),
     "beta-watch": ("rwkv7_coreai.beta_watch", "find newer coreai-* versions; --apply rebuilds and compares"),
     "generate": ("rwkv7_coreai.generate", "generate text with a built bundle in the Core AI runtime (--help)"),
 }

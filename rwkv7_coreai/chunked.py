@@ -109,5 +109,5 @@ def wkv_chunk(r, k, v, kk, a, logw, S, compute_dtype: torch.dtype | None = None)
 
 
 def split_prompt(n_tokens: int, chunk: int) -> tuple[int, int]:
-    """(number of full chunks for ``prefill``, number of tail tokens for ``main``)."""
+    """(number of full chunks for prefill, number of tail tokens for decode)."""
     return n_tokens // chunk, n_tokens % chunk

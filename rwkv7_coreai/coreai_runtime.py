@@ -23,8 +23,6 @@ from .chunked import split_prompt
 from .entrypoints import DECODE, PREFILL, STATE_NAMES, by_role, bundle_functions
 from .errors import PipelineError
 
-NP_DTYPES = {"float32": np.float32, "float16": np.float16}
-
 
 def lower_universal(aimodel: Path, out_dir: Path) -> None:
     """Lower an ``.aimodel`` into ``out_dir`` (an existing, empty ``*.aimodelx`` directory)."""
@@ -62,8 +60,13 @@ def bundle_signature(aimodel: Path) -> dict[str, dict[str, list[dict]]]:
 
 
 def state_spec(export_record: dict) -> tuple[dict[str, tuple[int, ...]], np.dtype]:
-    """(state shapes, state dtype) as export.json records them."""
-    return {k: tuple(v) for k, v in export_record["states"].items()}, np.dtype(NP_DTYPES[export_record["state_dtype"]])
+    """(state shapes, state dtype) of the bundle's decode function, as export.json records them."""
+    states = bundle_functions(export_record)[DECODE]["states"]
+    dtypes = {t["dtype"] for t in states}
+    if len(dtypes) != 1:
+        raise PipelineError(f"export.json of {export_record.get('bundle', 'the bundle')}",
+                            f"records states of several dtypes {sorted(dtypes)}", "rerun the export stage")
+    return {t["name"]: tuple(t["shape"]) for t in states}, np.dtype(dtypes.pop())
 
 
 class DecodeSession:

@@ -1,6 +1,6 @@
 """The export graph: RWKV-7 as an ``nn.Module`` whose two states are mutated buffers.
 
-Decode (``main``): ``input_ids`` [1,1] int32, ``position_ids`` [1,1] int32 (accepted, unused),
+Decode (:class:`RWKV7Decode`): ``input_ids`` [1,1] int32, ``position_ids`` [1,1] int32 (accepted, unused),
 returns ``logits`` [1,1,V]; states ``recState`` [L,1,H,N,N] (fla orientation, [K,V] per head)
 and ``shiftState`` [L,1,2,C] (slot 0 time-mix, slot 1 channel-mix).
 
@@ -9,15 +9,16 @@ Rules that the device delegates taught the shipped port, kept here:
 * the L2 norm is written out with an explicit eps (no ``F.normalize``);
 * the decay, its exp and the kk normalisation are computed in fp32 (at least), whatever the recipe dtype.
 
-Prefill (``prefill``, :class:`RWKV7Prefill`): ``input_ids`` [1,T] int32 (T static,
+Prefill (:class:`RWKV7Prefill`): ``input_ids`` [1,T] int32 (T static,
 ``PREFILL_CHUNK`` by default), ``position_ids`` [1,T] (unused), returns the logits of the LAST
 position [1,1,V]; reads and writes the same two states, once each. It is built over the decode
 module's own submodules (same parameter names, so weights are stored once in a bundle holding both
-functions, and a quantised decode module gives a quantised prefill).
+functions, and a quantised decode module gives a quantised prefill). The bundle's function
+names and roles are the rows of :data:`.entrypoints.ENTRY_POINTS`.
 
 The per-layer math lives in ONE function, :meth:`Block.step`, over explicit state slices and T
 tokens: token shift, projections, LoRAs, norms and FFN are shared; only the WKV differs — the
-recurrence for T = 1 (``main``), the exact chunked form of :mod:`.chunked` for T > 1.
+recurrence for T = 1 (decode), the exact chunked form of :mod:`.chunked` for T > 1.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from .entrypoints import INPUT_NAMES, OUTPUT_NAMES, STATE_NAMES  # noqa: F401 - 
 from .geometry import Geometry
 
 NEG_EXP_HALF = -math.exp(-0.5)
-PREFILL_CHUNK = 64  # tokens per ``prefill`` call (static); a prompt's tail shorter than it goes through ``main``
+PREFILL_CHUNK = 64  # tokens per prefill call (static); a prompt's tail shorter than it goes through decode
 
 
 class LoRA(nn.Module):
@@ -86,7 +87,7 @@ class Block(nn.Module):
         self.ffn = FFN(g)
 
     def step(self, x, att_prev, ffn_prev, S, v_first):
-        """T tokens through the layer (T = x.shape[0], static; ``main`` runs T = 1).
+        """T tokens through the layer (T = x.shape[0], static; decode runs T = 1).
 
         x, v_first: [T,C]; att_prev, ffn_prev: [1,C] (the shift rows before the first token);
         S: [1,H,K,V]. Returns x, the last token's new att/ffn shift rows [1,C], the new S, v_first.
@@ -173,7 +174,7 @@ def run_layers(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 class RWKV7Decode(nn.Module):
-    """Entry point ``main``: one token in, logits out, both states updated once."""
+    """The decode entry point: one token in, logits out, both states updated once."""
 
     def __init__(self, g: Geometry, dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -196,8 +197,8 @@ class RWKV7Decode(nn.Module):
 
 
 class RWKV7Prefill(nn.Module):
-    """Entry point ``prefill``: ``input_ids`` [1,T] (T static) in, logits of the LAST position
-    [1,1,V] out, both states read and written once — the same states as ``main``.
+    """The prefill entry point: ``input_ids`` [1,T] (T static) in, logits of the LAST position
+    [1,1,V] out, both states read and written once — the same states as decode.
 
     It holds the decode module's own submodules and state buffers (not copies), so the parameter
     names are identical (``model.layers.0.attn.r_proj.weight`` …, ``lm_head.weight``): the

@@ -27,7 +27,8 @@ ENTRY = {
 DATA = {"card": ("templates/model_card.md.j2",), "report": ("templates/report.html.j2",), "config": ("schemas/*.yaml",)}
 
 
-def _imports(module: str) -> set[str]:
+@functools.lru_cache(maxsize=None)
+def _imports(module: str) -> frozenset[str]:
     """Package modules ``module`` imports anywhere in its body."""
     tree = ast.parse((PACKAGE / f"{module}.py").read_text(), filename=f"{module}.py")
     found = set()
@@ -40,7 +41,7 @@ def _imports(module: str) -> set[str]:
         else:
             continue
         found |= {n for n in names if (PACKAGE / f"{n}.py").is_file()}
-    return found
+    return frozenset(found)
 
 
 @functools.lru_cache(maxsize=None)

@@ -6,12 +6,14 @@ Sizes come from the geometry the stage before recorded (``manifest.json`` of the
 numbers are known once its input exists; until then Snakemake shows ``<TBD>`` and evaluates
 them when the job is ready to run (a missing record raises FileNotFoundError for that input).
 
-Calibration (``BASE_MB`` + ``PER_BYTE`` x weight bytes, then ``HEADROOM``):
+Memory is ``MEMORY[rule]``: base MB + a multiple of the weight bytes, times ``HEADROOM``:
 * export: peak RSS 12.2 GB for the 1.5B (fp32 source 6.1 GB, int8keepproj bundle 2.17 GB) =
   about 2x the fp32 weights; rwkv7-tiny: 630 MB (fp32 weights 69 MB).
 * aot / gate: rwkv7-tiny 360-440 MB; they hold the bundle (about 2x / 1.5x its bytes).
 * runtimes scale with parameters (and gate steps) from rwkv7-tiny on this 2-core machine;
   only the tiny model's times are measured, so ``TIME_HEADROOM`` is generous.
+* ``FLAT`` rules do not grow with the model; ``doctor`` (coreai doctor's static lint over the
+  checkpoint directory and the bundle) is measured on rwkv7-tiny only.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ NAMES = ("mem_mb", "runtime", "cpus_per_task")
 DTYPE_BYTES = {"float32": 4, "float16": 2}
 HEADROOM = 1.25  # on memory
 TIME_HEADROOM = 3.0  # on run time
-RETRY_GROWTH = 0.5  # a retried job (profile `retries:`) asks for 1.5x, 2x, ... the memory
+RETRY_GROWTH = 0.5  # a retried job (snakemake --retries N) asks for 1.5x, 2x, ... the memory
 MIN_RUNTIME = 10  # minutes
 # rule -> (base MB, bytes per weight byte, which weights: "fp32" source or the recipe's "bundle")
 MEMORY = {
@@ -46,8 +48,9 @@ SECONDS_PER_GPARAM = {
     "gate": {"float32": 7.0, "float16": 80.0},
 }
 STARTUP_S = 30  # imports (torch, coreai) and reading the inputs
-FLAT = {"toolchain": (500, 5), "vocab": (1000, 10), "card": (1000, 10), "stage_and_push": (2000, 30),
-        "source": (2000, 60)}  # rule -> (mem_mb, runtime) that do not grow with the model
+# rule -> (mem_mb, runtime) for the jobs that do not grow with the model (doctor: a static lint)
+FLAT = {"toolchain": (500, 5), "vocab": (1000, 10), "card": (1000, 10), "doctor": (1000, 15), "report": (1000, 10),
+        "stage_and_push": (2000, 30), "source": (2000, 60)}
 SIZED = tuple(MEMORY)
 
 
@@ -76,6 +79,8 @@ def estimate(rule: str, g: Geometry | None = None, dtype: str = "float32", steps
     rules whose needs grow with the model (``SIZED``); ``dtype`` is the recipe's, ``steps`` the
     gate's (reference and gate run one model step per token)."""
     grow = 1 + RETRY_GROWTH * (max(attempt, 1) - 1)
+    if rule not in SIZED and rule not in FLAT:
+        raise ValueError(f"rwkv7_coreai/resources.py has no size for rule {rule!r}: add it to FLAT or MEMORY")
     if rule not in SIZED:
         mem, minutes = FLAT[rule]
         return {"mem_mb": int(mem * grow), "runtime": minutes, "cpus_per_task": 1}

@@ -98,7 +98,8 @@ def _stages_of(model: dict, name: str, recipe: str) -> list[tuple[str, str]]:
     pairs.append(("export", stage_name({"rule": "export", "wildcards": {"model": name, "recipe": recipe}})))
     pairs += [("aot", stage_name({"rule": "aot", "wildcards": {"model": name, "target": t, "recipe": recipe}}))
               for t in targets]
-    pairs.append(("gate", stage_name({"rule": "gate", "wildcards": {"model": name, "recipe": recipe}})))
+    pairs += [(rule, stage_name({"rule": rule, "wildcards": {"model": name, "recipe": recipe}}))
+              for rule in ("gate", "doctor")]  # publish waits for both
     return pairs
 
 

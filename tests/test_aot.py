@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +90,53 @@ def test_unknown_architecture_is_refused_before_running_xcrun(export_dir, fake_x
 def test_missing_export_is_reported(tmp_path):
     with pytest.raises(PipelineError, match="export bundle is missing"):
         aot.build_target(tmp_path, "m-fp16", "fp16", "universal", {"kind": "linux"}, AOT_CFG, tmp_path / "o")
+
+
+# --- both functions: the compiler takes the whole bundle ---------------------------------------------
+INSPECTING_FAKE = """#!{python}
+import json, os, sys
+from pathlib import Path
+from rwkv7_coreai.coreai_runtime import bundle_signature
+args = sys.argv[1:]
+bundle = Path(args[2])
+Path(os.environ["FAKE_XCRUN_LOG"]).write_text(json.dumps({{"argv": args, "functions": bundle_signature(bundle)}}))
+out, arch = Path(args[args.index("--output") + 1]), args[args.index("--architecture") + 1]
+(out / (bundle.stem + "." + arch + ".aimodelc")).mkdir()
+"""
+
+
+def test_device_compile_is_handed_a_bundle_with_every_function(tmp_path, monkeypatch):
+    """coreai-build compiles the whole .aimodel (there is no per-function option): the bundle the
+    aot stage hands it holds every function export.json records — decode and prefill, with their
+    shapes — and nothing else is needed on the command line. A fake xcrun, run with this venv's
+    Python, reads the bundle it was given with coreai-core."""
+    import sys
+
+    import torch
+
+    from rwkv7_coreai import export
+    from rwkv7_coreai.export_graph import RWKV7Decode
+    from rwkv7_coreai.geometry import Geometry
+
+    g = Geometry(layers=1, hidden=64, head_dim=64, ffn=64, vocab=8, decay_lora=4, a_lora=4, v_lora=4, gate_lora=4)
+    export_dir = tmp_path / "export"
+    export_dir.mkdir()
+    functions = export.convert(RWKV7Decode(g, torch.float16).eval(), export_dir / "m-fp16.aimodel", chunk=4)["functions"]
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    exe = bindir / "xcrun"
+    exe.write_text(INSPECTING_FAKE.format(python=sys.executable))
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_XCRUN_LOG", str(tmp_path / "seen.json"))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    out = tmp_path / "aot"
+    aot.build_target(export_dir, "m-fp16", "fp16", "h18p", {"kind": "device", "platform": "iOS"}, AOT_CFG, out)
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen["functions"] == {n: {k: f[k] for k in ("inputs", "outputs", "states")} for n, f in functions.items()}
+    assert sorted(seen["functions"]) == ["main", "prefill"]
+    assert seen["functions"]["prefill"]["inputs"][0]["shape"] == [1, 4]
+    opts = seen["argv"][3:]
+    assert sorted(opts[::2]) == ["--architecture", "--min-deployment-version", "--output", "--platform",
+                                 "--preferred-compute"]  # no function selection: the whole bundle is compiled
+    assert (out / "m-fp16.h18p.aimodelc").is_dir()

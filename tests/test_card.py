@@ -191,6 +191,93 @@ def test_missing_metrics_is_a_one_line_error(work, capsys):
     assert not (work["tmp"] / "out" / "README.md").exists()
 
 
+def prefill_rows(card: str) -> dict[str, list[str]]:
+    lines = block(card, "prefill").splitlines()
+    header = lines.index("| recipe | prefill top-1 agreed / counted | max abs Δlogits | max abs Δstate | gate |")
+    rows = [line.strip().strip("|").split("|") for line in lines[header + 2:] if line.startswith("| `")]
+    return {cells[0].strip().strip("`"): [c.strip() for c in cells[1:]] for cells in rows}
+
+
+def test_prefill_gate_results_come_from_the_gate(work, capsys):
+    path = model_dir(work) / "gate" / "fp16.json"
+    gate = read_json(path)
+    gate["prefill"].update(agree_counted=5, counted=6, max_abs_dlogits=0.4567, max_abs_dstate=0.0123, tokens=77,
+                           chunks=3, chunk=24, tail=5, **{"pass": False})
+    path.write_text(json.dumps(gate))
+    card = render_card(work, capsys=capsys)
+    rows = prefill_rows(card)
+    assert list(rows) == RECIPES
+    assert rows["fp16"] == ["5 / 6", "0.457", "0.012", "FAIL"]
+    fp32 = read_json(model_dir(work) / "gate" / "fp32.json")["prefill"]
+    assert rows["fp32"] == [f"{fp32['agree_counted']} / {fp32['counted']}", "%.3g" % fp32["max_abs_dlogits"],
+                            "%.2g" % fp32["max_abs_dstate"], "pass"]
+    intro = " ".join(block(card, "prefill").split())   # the intro names the stream of the first recipe's gate
+    assert f"one continuous stream of {fp32['tokens']} tokens" in intro
+    assert f"{fp32['chunks']} chunks of {fp32['chunk']} tokens through `prefill`, then {fp32['tail']} tokens" in intro
+
+
+def test_usage_documents_the_functions_recorded_in_export_json(work, capsys):
+    for r in RECIPES:  # the card reads the functions of the first recipe's export.json
+        path = model_dir(work) / "export" / r / "export.json"
+        record = read_json(path)
+        record["functions"]["prefill"]["tokens_per_call"] = 48
+        record["functions"]["prefill"]["inputs"][0]["shape"] = [1, 48]
+        path.write_text(json.dumps(record))
+    usage = block(render_card(work, capsys=capsys), "usage")
+    fns = read_json(model_dir(work) / "export" / "fp32" / "export.json")["functions"]
+    table = [line for line in usage.splitlines() if line.startswith("| `")]
+    assert [line.split("|")[1].strip() for line in table] == ["`main`", "`prefill`"]
+    assert "| `prefill` | prefill | `input_ids` [1, 48] int32, `position_ids` [1, 64] int32 |" in usage
+    assert f"`logits` {fns['main']['outputs'][0]['shape']} | 1 |" in usage
+    assert "T = 48 " in usage and 'model.load_function("prefill")' in usage
+    assert "`prefill` takes exactly 48 tokens" in usage
+    for state in fns["main"]["states"]:
+        assert f"`{state['name']}` {state['shape']}" in usage
+
+
+def test_a_gate_result_without_the_prefill_check_is_refused(work, capsys):
+    path = model_dir(work) / "gate" / "int8keepproj.json"
+    gate = read_json(path)
+    del gate["prefill"]
+    path.write_text(json.dumps(gate))
+    out = work["tmp"] / "out" / "README.md"
+    rc = cli.card(["--config-file", str(work["config"]), "--model", MODEL, *card_args(work), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1 and err == ("error: recipe int8keepproj: its gate result has no prefill check (made before the "
+                               "prefill gate) -- fix: rerun the gate stage (snakemake --forcerun gate)\n")
+    assert not out.exists()
+
+
+def test_the_cards_app_code_prefills_then_decodes_like_the_reference(work, capsys):
+    """The Python in the usage block, run as printed on the tiny fp32 bundle (lowered): a prompt of
+    two chunks and a tail, then greedy decoding, gives the fp32 reference's greedy tokens."""
+    import asyncio
+
+    import numpy as np
+    import torch
+
+    from rwkv7_coreai.checkpoint import load_checkpoint
+    from rwkv7_coreai.reference import Reference
+
+    usage = block(render_card(work, capsys=capsys), "usage")
+    code = usage.split("```python\n", 1)[1].split("```", 1)[0]
+    ns: dict = {}
+    exec(compile(code, "<card usage>", "exec"), ns)
+    record = read_json(RESULTS / MODEL / "export" / "fp32" / "export.json")
+    T = record["functions"]["prefill"]["tokens_per_call"]
+    assert ns["T"] == T
+    g, weights = load_checkpoint(RESULTS / MODEL / "source")
+    ids = [0] + torch.randint(1, g.vocab, (2 * T + 4,), generator=torch.Generator().manual_seed(3)).tolist()
+    expected = Reference(weights, g, torch.float32).greedy(ids, 6)
+    lowered = next((RESULTS / MODEL / "aot" / "universal" / "fp32").glob("*.aimodelx"))
+
+    async def run():
+        return [t async for t in ns["generate"](str(lowered), ids, steps=6, dtype=np.float32)]
+
+    got = asyncio.run(run())
+    assert got == [t for t in expected if t != 0] and got  # greedy stops at token 0 (not yielded)
+
+
 # --- front matter ----------------------------------------------------------------------------------
 def test_front_matter_is_valid_yaml_with_the_hub_metadata(work, capsys):
     meta = front_matter(render_card(work, capsys=capsys))
@@ -330,8 +417,8 @@ def test_merge_edge_cases():
 def test_merge_with_a_real_card_and_a_maintainer_card(work, capsys):
     fresh = render_card(work, capsys=capsys)
     names = list(c.blocks(fresh))
-    assert names == ["summary", "architecture", "recipes", "quantization", "usage", "layout", "device-numbers",
-                     "provenance"]
+    assert names == ["summary", "architecture", "recipes", "prefill", "quantization", "usage", "layout",
+                     "device-numbers", "provenance"]
     edited = fresh.replace("## Architecture\n", "## Architecture\n\nA maintainer's note on the architecture.\n")
     edited = edited.replace("<!-- recipes begin -->", "Before the recipes table.\n<!-- recipes begin -->")
     edited += "\n## Citation\n\nCite us, please.\n"
@@ -404,8 +491,8 @@ def test_card_cli_end_to_end(work, capsys):
     assert captured.err == ""
     card = out.read_text(encoding="utf-8")
     assert list(out.parent.iterdir()) == [out]  # written atomically: no temporaries left beside it
-    assert list(c.blocks(card)) == ["summary", "architecture", "recipes", "quantization", "usage", "layout",
-                                    "device-numbers", "provenance"]
+    assert list(c.blocks(card)) == ["summary", "architecture", "recipes", "prefill", "quantization", "usage",
+                                    "layout", "device-numbers", "provenance"]
     manifest = read_json(model_dir(work) / "source" / "manifest.json")
     toolchain = read_json(work["results"] / "toolchain.json")["versions"]
     prov = block(card, "provenance")
@@ -450,8 +537,8 @@ def test_card_cli_merges_the_maintainer_card(work, capsys):
     assert front_matter(merged)["license"] == "apache-2.0"  # managed: from the source card, not the maintainer's
     assert "language" not in front_matter(merged)
     # every other block of the fresh card is appended after the maintainer's text, in order
-    assert list(c.blocks(merged)) == ["recipes", "summary", "architecture", "quantization", "usage", "layout",
-                                      "device-numbers", "provenance"]
+    assert list(c.blocks(merged)) == ["recipes", "summary", "architecture", "prefill", "quantization", "usage",
+                                      "layout", "device-numbers", "provenance"]
     assert all(block(merged, n) == b for n, b in c.blocks(fresh).items())
     assert (cards / "parked.md").read_text(encoding="utf-8") == maintainer
 

@@ -37,7 +37,7 @@ def test_metrics_and_plots_and_params(repo_root):
     assert gate["metrics"] == [{"results/rwkv7-tiny/gate/fp16.json": {"cache": True}}]
     assert list(gate["plots"][0]) == ["results/rwkv7-tiny/gate/fp16.tsv"]
     assert stages["export-rwkv7-tiny-int8keepproj"]["params"] == [
-        {"config.yaml": ["models.rwkv7-tiny.dir", "recipes.int8keepproj"]}]
+        {"config.yaml": ["models.rwkv7-tiny.dir", "prefill.chunk", "recipes.int8keepproj"]}]
 
 
 def _index_from(jobs):

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from rwkv7_coreai import cli, export, quantize
-from rwkv7_coreai.coreai_runtime import bundle_signature
 from rwkv7_coreai.errors import PipelineError
 from rwkv7_coreai.export_graph import RWKV7Decode
 from rwkv7_coreai.geometry import Geometry
@@ -92,6 +91,8 @@ def test_int4keepproj_export_records_the_plan(tiny_source, tmp_path, cfg):
     """One bundle, both entry points, built over the ONE quantised module: each function's graph
     holds the plan's quantised weights, and the weights are stored once (the prefill function adds
     a few graph ops, not a second copy of the fp16 weights)."""
+    from rwkv7_coreai.coreai_runtime import bundle_signature
+
     rec = export.export_recipe(tiny_source, "int4keepproj", cfg["recipes"]["int4keepproj"], "t-int4keepproj",
                                tmp_path / "out", chunk=16)
     on_disk = json.loads((tmp_path / "out" / "export.json").read_text())

@@ -158,7 +158,8 @@ def test_corrupted_weight_in_bundle_is_rejected(control, tmp_path, cfg, stream_p
 # --- prefill: the chunk math and the contract ------------------------------------------------------
 @pytest.mark.parametrize("mutation,needle", [
     ("decay offset: inclusive cumsum where exclusive is due", r"prefill: state \w+ after \d+ tokens differs"),
-    ("missing in-chunk delta term in o", r"prefill: (top-1 agreement|max\|dlogits\||state \w+ after)")])
+    ("missing in-chunk delta term in o", r"prefill: (top-1 agreement|max\|dlogits\||state \w+ after)")],
+    ids=["decay-offset", "missing-in-chunk-term"])
 def test_broken_prefill_chunk_is_rejected(tmp_path, cfg, tiny_source, stream_path, monkeypatch, mutation, needle):
     """The decode path is untouched (T = 1 never reaches the chunk): only the prefill check can
     see these, and it must fail the gate."""
