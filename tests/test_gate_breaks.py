@@ -118,12 +118,6 @@ def _per_layer_forward(self, input_ids, position_ids):
     return self.lm_head(self.model.norm(x)).reshape(1, 1, self.g.vocab)
 
 
-def test_states_written_per_layer_are_rejected(tmp_path, cfg, tiny_source, stream_path, monkeypatch):
-    monkeypatch.setattr(export_graph.RWKV7Decode, "forward", _per_layer_forward)
-    msg = _rejects(tmp_path, cfg, tiny_source, stream_path)
-    assert "state recState is written 2 times per call of main" in msg
-
-
 def test_swapped_token_shift_slots_are_rejected(tmp_path, cfg, tiny_source, stream_path, monkeypatch):
     original = export_graph.Block.step
 
@@ -180,12 +174,20 @@ def _prefill_writing_rec_twice(self, input_ids, position_ids):
     return self.lm_head(self.model.norm(x[-1:])).reshape(1, 1, self.g.vocab)
 
 
-def test_prefill_state_written_twice_is_rejected(tmp_path, cfg, tiny_source, stream_path, monkeypatch):
+def test_states_written_more_than_once_are_rejected_in_every_function(tmp_path, cfg, tiny_source, stream_path,
+                                                                     monkeypatch):
+    """The contract, for both functions in one bundle (one export for the two breaks): decode
+    writes the states per layer, prefill writes recState twice in a row. Both compute the right
+    numbers, so only the contract can catch them."""
+    monkeypatch.setattr(export_graph.RWKV7Decode, "forward", _per_layer_forward)
     monkeypatch.setattr(export_graph.RWKV7Prefill, "forward", _prefill_writing_rec_twice)
     msg = _rejects(tmp_path, cfg, tiny_source, stream_path)
+    assert "state recState is written 2 times per call of main" in msg
+    assert "state shiftState is written 2 times per call of main" in msg
     assert "state recState is written 2 times per call of prefill" in msg
+    assert "state shiftState is written 2 times per call of prefill" not in msg
     failed = json.loads((tmp_path / "gate.failed.json").read_text())
-    assert failed["prefill"]["pass"] is True  # the numbers agree: only the contract catches it
+    assert failed["prefill"]["pass"] is True and failed["agree_counted"] == failed["counted"]  # the numbers agree
 
 
 # --- the CLI and stale inputs ---------------------------------------------------------------------
