@@ -27,7 +27,6 @@ import math
 from typing import Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from . import chunked
