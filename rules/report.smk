@@ -7,10 +7,13 @@ rule report:
     # and peak RSS (from the export logs: not content-addressed, fine for a report), the prefill
     # speedup when the gate measured one, coreai doctor's findings and the card preview.
     input:
-        unpack(lambda w: stage_inputs(report_inputs, w)),
+        # the export logs are read when present but are not inputs: logs are not tracked by DVC,
+        # and as inputs a `dvc pull` (which restores no logs) would make Snakemake re-export
+        unpack(lambda w: {k: v for k, v in stage_inputs(report_inputs, w).items() if k != "logs"}),
     output:
         str(report_path(OUT)),
     params:
+        logs=lambda w: stage_inputs(report_inputs, w)["logs"],
         settings=settings("report"),
         code=CODE["report"],
     log:
@@ -21,5 +24,5 @@ rule report:
         "../envs/hub.yaml"
     shell:
         "python scripts/report.py --config-file {CONFIG_FILE} --model {wildcards.model} "
-        "--gates {input.gates} --tsvs {input.tsvs} --exports {input.exports} --logs {input.logs} "
+        "--gates {input.gates} --tsvs {input.tsvs} --exports {input.exports} --logs {params.logs} "
         "--doctors {input.doctors} --card {input.card} --out {output} --log {log}"
