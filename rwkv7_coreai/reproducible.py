@@ -23,6 +23,10 @@ What made two builds of identical weights differ, and what removes it:
   :func:`lowering_scope` :func:`canonicalize_register_resets` gives them their registers in
   definition order before ``serialize_module`` writes the file (a set of independent resets to
   zero; the ops themselves stay where they are, each carries a positional op id).
+  With more than one function (``main`` + ``prefill``), the file's function table (a FlatBuffers
+  vector of ``{name, indices}`` tables) also comes out in either order;
+  :func:`canonicalize_function_table` moves the tables so that the vector is in name order, which
+  is byte for byte what coreai writes when it happens to pick that order.
 
 ``tests/test_reproducible.py`` checks every assumption listed in :data:`ASSUMPTIONS` against the
 installed coreai and fails with its text when an upgrade breaks one.
@@ -364,6 +368,84 @@ def canonicalize_register_resets(module) -> int:
     return seen
 
 
+# --- ODIX: canonical function table ---------------------------------------------------------
+
+ODIX_MAGIC = b"odix"
+ODIX_HEADER = 64  # magic, version, header size; the program's size at byte 16
+
+
+def _u32(buf: bytes | bytearray, pos: int) -> int:
+    return int.from_bytes(buf[pos:pos + 4], "little")
+
+
+def _function_tables(buf: bytes | bytearray, names: list[str]) -> dict[str, tuple[int, int]]:
+    """``{name: (table, end)}``: each function's FlatBuffers table (soffset to a vtable, then
+    two uoffsets: its name string and its index vector, both right after it) and where the
+    last of the three ends."""
+    found: dict[str, tuple[int, int]] = {}
+    for name in names:
+        pattern = len(name).to_bytes(4, "little") + name.encode() + b"\0"
+        hits, at = [], buf.find(pattern)
+        while at >= 0:
+            for table in range(max(at - 64, 0), at if at % 4 == 0 else 0, 4):
+                vtable = table - int.from_bytes(buf[table:table + 4], "little", signed=True)
+                if not 0 <= vtable < len(buf) - 8 or buf[vtable:vtable + 8] != b"\x08\x00\x0c\x00\x04\x00\x08\x00":
+                    continue
+                targets = [pos + _u32(buf, pos) for pos in (table + 4, table + 8)]
+                if at in targets:
+                    end = max(at + 4 + len(name) + 1, *(t + 4 + 4 * _u32(buf, t) for t in targets if t != at))
+                    hits.append((table, -(-end // 4) * 4))
+            at = buf.find(pattern, at + 1)
+        if len(hits) != 1:
+            raise _changed(f"{len(hits)} function tables named {name!r} in the .odix (expected 1)")
+        found[name] = hits[0]
+    return found
+
+
+def canonicalize_function_table(path: Path, order: list[str]) -> bool:
+    """Put the ``.odix`` function table in ``order`` (every function's name), in place. The
+    tables are equal-sized blocks (table, index vector, name); moving a block only changes its
+    offset to the shared vtable. Returns whether the file changed."""
+    names = list(order)
+    if len(names) < 2:
+        return False
+    with open(path, "r+b") as fh:
+        head = bytearray(fh.read(ODIX_HEADER))
+        if head[:4] != ODIX_MAGIC:
+            raise _changed(f"{path.name} does not start with {ODIX_MAGIC!r}")
+        head += fh.read(_u32(head, 16))  # the FlatBuffers program (code, tables); weights follow it
+        tables = _function_tables(head, names)
+        starts = sorted(table for table, _ in tables.values())
+        sizes = {end - table for table, end in tables.values()}
+        if len(sizes) != 1 or any(b - a != next(iter(sizes)) for a, b in zip(starts, starts[1:])):
+            raise _changed(f"the function tables of {path.name} are not adjacent equal-sized blocks")
+        size = sizes.pop()
+        by_start = {table: name for name, (table, _) in tables.items()}
+        vectors = [pos for pos in range(8, starts[0] - 4 * len(names), 4)
+                   if _u32(head, pos - 4) == len(names)
+                   and sorted(pos + 4 * i + _u32(head, pos + 4 * i) for i in range(len(names))) == starts]
+        if len(vectors) != 1:
+            raise _changed(f"{len(vectors)} function vectors in {path.name} (expected 1)")
+        slots = [vectors[0] + 4 * i + _u32(head, vectors[0] + 4 * i) for i in range(len(names))]
+        if [by_start[s] for s in slots] == names:
+            return False
+        blocks = {name: bytes(head[t:t + size]) for name, (t, _) in tables.items()}
+        for slot, name in zip(slots, names):
+            old = tables[name][0]
+            vtable = old - int.from_bytes(blocks[name][:4], "little", signed=True)
+            head[slot:slot + size] = (slot - vtable).to_bytes(4, "little", signed=True) + blocks[name][4:]
+        fh.seek(0)
+        fh.write(head[:starts[-1] + size])
+    return True
+
+
+def _function_names(module) -> list[str]:
+    """The callable functions (``@main``, ``@prefill``), not the lowering's helpers (``@"$main"``)."""
+    names = (str(op.operation.attributes["sym_name"]).lstrip("@").strip('"') for op in module.body.operations
+             if op.operation.name == "odix.function")
+    return [name for name in names if not name.startswith("$")]
+
+
 # --- the scopes -------------------------------------------------------------------------------
 
 @contextlib.contextmanager
@@ -403,7 +485,10 @@ def lowering_scope() -> Iterator[None]:
         def serialize(*args, **kwargs):
             module = kwargs["module"] if "module" in kwargs else args[0]
             canonicalize_register_resets(module)
-            return original(*args, **kwargs)
+            result = original(*args, **kwargs)
+            path = Path(kwargs["path"] if "path" in kwargs else args[1])
+            canonicalize_function_table(path, sorted(_function_names(module)))
+            return result
         return serialize
 
     with _swap(ASSET, "serialize_module_to_odix", canonical_serializer):

@@ -271,3 +271,40 @@ def test_register_reset_canonicalisation_only_permutes_resets(recipe, unpatched,
         assert Counter(regs) == Counter(int(reset.match(before[i]).group(1)) for i in run)
         if set(run) & set(changed):
             assert regs == sorted(regs)
+
+
+def test_function_table_order_is_a_pure_permutation(two_builds, tmp_path):
+    """The .odix of a two-function bundle (main + prefill) lists its functions in either order.
+    Put in the other order, the file still loads and both functions compute bit-identically;
+    put back, it is byte for byte the canonical file again (name order, what the stage writes)."""
+    from rwkv7_coreai.coreai_runtime import PromptSession
+
+    recipe = "fp32"
+    built = two_builds[0] / "aot" / "universal" / recipe / f"{MODEL}-{recipe}.aimodelx"
+    record = json.loads((two_builds[0] / "export" / recipe / "export.json").read_text())
+    names = sorted(record["functions"])
+    assert names == ["main", "prefill"]
+    flipped = tmp_path / built.name
+    shutil.copytree(built, flipped)
+    odix = flipped / "main-universal.odix"
+    assert not reproducible.canonicalize_function_table(odix, names)  # the stage wrote name order
+    assert reproducible.canonicalize_function_table(odix, names[::-1])
+    assert odix.read_bytes() != (built / odix.name).read_bytes()
+    outputs = []
+    for lowered in (built, flipped):
+        with PromptSession(lowered, record) as session:
+            logits = session.feed(list(range(3, 3 + session.chunk + 2)))
+            outputs.append((logits, session.state_arrays()))
+    np.testing.assert_array_equal(outputs[0][0], outputs[1][0])
+    for name, state in outputs[0][1].items():
+        np.testing.assert_array_equal(state, outputs[1][1][name])
+    assert reproducible.canonicalize_function_table(odix, names)
+    assert odix.read_bytes() == (built / odix.name).read_bytes()
+
+
+def test_function_table_canonicalisation_refuses_an_unknown_layout(tmp_path):
+    odix = tmp_path / "main-universal.odix"
+    odix.write_bytes(b"odix" + bytes(12) + (64).to_bytes(4, "little") + bytes(44) + bytes(64))
+    with pytest.raises(PipelineError, match="0 function tables named 'main'"):
+        reproducible.canonicalize_function_table(odix, ["main", "prefill"])
+    assert not reproducible.canonicalize_function_table(odix, ["main"])  # one function: nothing to order
