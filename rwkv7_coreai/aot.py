@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     ns = stage.parser("aot", "model", "recipe", "target", "export", "out").parse_args(argv)
     s, _ = stage.setup("aot", ns)
     t0 = time.perf_counter()
-    build_target(Path(ns.export), bundle_name(s["models"][ns.model]["dir"], ns.recipe), ns.recipe, ns.target,
+    build_target(Path(ns.export), bundle_name(s["models"][ns.model], ns.recipe), ns.recipe, ns.target,
                  s["targets"][ns.target], s["aot"], Path(ns.out))
     stage.log.info("aot %s/%s/%s -> %s in %.1f s, peak RSS %.0f MB", ns.model, ns.target, ns.recipe, ns.out,
                    time.perf_counter() - t0, stage.rss_mb())

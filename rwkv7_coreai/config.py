@@ -82,6 +82,9 @@ def validate(cfg: dict, path: str | Path | None = None) -> dict:
                     raise PipelineError(where, f"recipes/{name}/quantize/{key}: {pattern!r} is not a valid "
                                         f"regular expression ({exc})", "fix the pattern (Python re syntax, matched in full)")
     for name, model in cfg["models"].items():
+        if model.get("shipped") is not None and model["shipped"] not in model["recipes"]:
+            raise PipelineError(where, f"models/{name}/shipped {model['shipped']!r} is not one of its recipes "
+                                f"{model['recipes']}", "name one of the model's recipes, or remove shipped:")
         for recipe in model["recipes"]:
             if recipe not in cfg["recipes"]:
                 raise PipelineError(where, f"models/{name} uses unknown recipe {recipe!r}",
@@ -215,12 +218,12 @@ STAGE_KEYS: dict[str, list[tuple[str, ...]]] = {
     "source": [("models", "{model}", "source"), ("models", "{model}", "license"), ("vocab",)],
     "vocab": [("vocab",)],
     "reference": [("gate", "prompts"), ("gate", "steps"), ("prefill",)],
-    "export": [("recipes", "{recipe}"), ("models", "{model}", "dir"), ("prefill", "chunk")],
-    "aot": [("targets", "{target}"), ("aot",), ("models", "{model}", "dir")],
-    "gate": [("gate", "prompts"), ("gate", "steps"), ("gate", "near_tie_epsilon"), ("gate", "thresholds", "{recipe}"),
-             ("models", "{model}", "dir")],
+    "export": [("recipes", "{recipe}"), ("models", "{model}", "dir"), ("models", "{model}", "shipped"),
+               ("prefill", "chunk")],
+    "aot": [("targets", "{target}"), ("aot",), ("models", "{model}", "dir"), ("models", "{model}", "shipped")],
+    "gate": [("gate", "prompts"), ("gate", "steps"), ("gate", "near_tie_epsilon"), ("gate", "thresholds", "{recipe}")],
     "card": [("models", "{model}"), ("recipes",), ("targets",)],
-    "stage_and_push": [("models", "{model}", k) for k in ("publish", "recipes", "targets", "dir")],
+    "stage_and_push": [("models", "{model}", k) for k in ("publish", "recipes", "targets", "dir", "shipped")],
     "doctor": [],
     "report": [],
 }

@@ -54,17 +54,26 @@ def stage_name(job: dict) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", "-".join(parts))
 
 
-def param_keys(rule: str, wildcards: dict) -> list[str]:
-    """config.yaml keys of a stage for DVC (from config.STAGE_KEYS, the stages' own table).
-    DVC splits keys on '.', so a key through a name with a dot (rwkv7-goose-1.5b) stops there."""
+def _present(cfg: dict, key: tuple[str, ...]) -> bool:
+    for part in key:
+        if not isinstance(cfg, dict) or part not in cfg:
+            return False
+        cfg = cfg[part]
+    return True
+
+
+def param_keys(rule: str, wildcards: dict, cfg: dict) -> list[str]:
+    """config.yaml keys of a stage for DVC (from config.STAGE_KEYS, the stages' own table), those
+    that ``cfg`` holds (DVC refuses a missing one; adding it regenerates dvc.yaml). DVC splits
+    keys on '.', so a key through a name with a dot (rwkv7-goose-1.5b) stops there."""
     keys = set()
-    for key in stage_keys(rule, **wildcards):
+    for key in filter(lambda k: _present(cfg, k), stage_keys(rule, **wildcards)):
         cut = next((i for i, part in enumerate(key) if "." in part), len(key))
         keys.add(".".join(key[:cut]))
     return sorted(keys)
 
 
-def dvc_stages(jobs: list[dict]) -> dict:
+def dvc_stages(jobs: list[dict], cfg: dict) -> dict:
     stages = {}
     for job in jobs:
         if job["cmd"] is None:  # the aggregate `publish` rule runs nothing
@@ -72,7 +81,7 @@ def dvc_stages(jobs: list[dict]) -> dict:
         w = job["wildcards"]
         stage = {"cmd": " ".join(job["cmd"].split()), "deps": list(job["deps"])}
         stage["deps"] += code_files(job["rule"])  # Snakemake sees the same through params: code
-        params = param_keys(job["rule"], w)
+        params = param_keys(job["rule"], w, cfg)
         if params:
             stage["params"] = [{DEFAULT_FILE: params}]
         outs = list(job["outs"])
@@ -91,8 +100,9 @@ HEADER = ("# GENERATED from the Snakemake DAG by `python scripts/gen_dvc.py` -- 
           "# tests/test_dag_drift.py fails when this file and the Snakefile disagree.\n")
 
 
-def render(jobs: list[dict]) -> str:
-    return HEADER + yaml.safe_dump(dvc_stages(jobs), sort_keys=False, width=1000)
+def render(jobs: list[dict], cfg: dict) -> str:
+    """dvc.yaml for ``jobs``, with the params that ``cfg`` (config.yaml) holds."""
+    return HEADER + yaml.safe_dump(dvc_stages(jobs, cfg), sort_keys=False, width=1000)
 
 
 def dvc_index(workdir: str | Path = ".") -> dict[str, dict]:

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{' …' if len(differs) > 3 else ''}; dvc.lock describes config.yaml only -- fix: put the settings "
              "in config.yaml and run again to track these outputs")
         return 0
-    text = render(snakemake_jobs("."))
+    text = render(snakemake_jobs("."), cfgmod.read_yaml(cfgmod.DEFAULT_FILE))
     if Path("dvc.yaml").read_text() != text:
         Path("dvc.yaml").write_text(text)
         _say("dvc.yaml regenerated from the Snakefile's DAG (commit it)")

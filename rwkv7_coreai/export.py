@@ -206,7 +206,7 @@ def main(argv=None) -> int:
     s, _ = stage.setup("export", ns)
     t0 = time.perf_counter()
     rec = export_recipe(Path(ns.source), ns.recipe, s["recipes"][ns.recipe],
-                        bundle_name(s["models"][ns.model]["dir"], ns.recipe), Path(ns.out), s["prefill"]["chunk"])
+                        bundle_name(s["models"][ns.model], ns.recipe), Path(ns.out), s["prefill"]["chunk"])
     stage.log.info("export %s/%s: %s, %.1f MB (%.1f MB without prefill) in %.1f s, peak RSS %.0f MB; "
                    "functions %s; quantised %d linears, kept %d", ns.model, ns.recipe, rec["bundle"],
                    rec["size_bytes"] / 1e6, rec["size_bytes_decode_only"] / 1e6, time.perf_counter() - t0,

@@ -39,9 +39,17 @@ class Layout:
         return self.root / "logs" / self.base.name / f"{name}.log"
 
 
-def bundle_name(model_dir: str, recipe: str) -> str:
-    """Name of one recipe's bundle: ``<dir>-<recipe>`` (.aimodel, .aimodelx, .<arch>.aimodelc)."""
-    return f"{model_dir}-{recipe}"
+def bundle_name(model: dict, recipe: str) -> str:
+    """Name of one recipe's bundle (.aimodel, .aimodelx, .<arch>.aimodelc, and its published
+    folders): the model's ``dir`` for its ``shipped`` recipe (the path apps load), else
+    ``<dir>-<recipe>``."""
+    return model["dir"] if recipe == model.get("shipped") else f"{model['dir']}-{recipe}"
+
+
+def published_folders(model: dict, targets: list[str]) -> list[str]:
+    """The bundle folders publish stages for ``model`` (every recipe, on every target), sorted."""
+    names = [bundle_name(model, r) for r in model["recipes"]]
+    return sorted([f"aimodel/{n}" for n in names] + [f"{t}/{n}" for t in targets for n in names])
 
 
 # What the card and publish stages read, by name: the rules declare exactly these as inputs

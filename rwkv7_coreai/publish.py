@@ -23,7 +23,7 @@ from pathlib import Path
 from . import catalog, stage
 from .errors import PipelineError, main_guard
 from .fsutil import IGNORED, atomic_path, dumps_json, first_difference, sha256_file, tree_manifest
-from .paths import VOCAB_TSV
+from .paths import VOCAB_TSV, published_folders
 from .records import AOT, load_json, read_aot, read_export, read_manifest
 
 RECEIPT = "publish.json"
@@ -128,7 +128,7 @@ def bundle_of(export_record: dict) -> str:
 
 
 def stage_tree(out: Path, card: Path, vocab: Path, exports: list[Path], aots: list[Path], gates: list[Path],
-               meta: dict, source_manifest: dict) -> dict:
+               meta: dict, source_manifest: dict, folders_expected: list[str]) -> dict:
     """Build the staging tree atomically; returns the receipt (without push results).
 
     Every staged bundle file must be a byte the gate tested (or, for a device target, built from
@@ -145,6 +145,10 @@ def stage_tree(out: Path, card: Path, vocab: Path, exports: list[Path], aots: li
         for check in checks + aot_checks:
             _verify(staged, *check)
         folders |= {f"aimodel/{bundle_of(rec)}": r for r, rec in records.items()}
+        if sorted(folders) != folders_expected:
+            raise PipelineError(out, f"would stage the bundle folders {sorted(folders)}, but the config names "
+                                f"{folders_expected} (dir, shipped, recipes, targets)",
+                                "rebuild the bundles under the configured names: snakemake --forcerun export")
         targets = sorted({rel.split("/")[0] for rel in folders} - {"aimodel"})
         attested = {rel: provenance.attest(tmp, rel, export_record=records[r], gate=results[r],
                                            source_manifest=source_manifest,
@@ -256,7 +260,8 @@ def main(argv=None) -> int:
                f"coreai-torch {versions['coreai-torch']}, torch {versions['torch']}")
     meta = {"model": ns.model, "repo": m["publish"]["repo"], "source": manifest["source"],
             "toolchain": versions, "commit_message": message, "push": {"pushed": False, "reason": why}}
-    receipt = stage_tree(Path(ns.out), Path(ns.card), Path(ns.vocab), ns.exports, ns.aots, ns.gates, meta, manifest)
+    receipt = stage_tree(Path(ns.out), Path(ns.card), Path(ns.vocab), ns.exports, ns.aots, ns.gates, meta, manifest,
+                         published_folders(m, m["targets"]))
     stage.log.info("%s: %s", ns.model, receipt["signing"]["reason"])
     if do_push:
         receipt = push(Path(ns.out), receipt, m["publish"]["repo"], message, token_from_env())

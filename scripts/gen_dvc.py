@@ -3,9 +3,10 @@
 import sys
 from pathlib import Path
 
+from rwkv7_coreai import config
 from rwkv7_coreai.dag import render, snakemake_jobs
 
-text = render(snakemake_jobs("."))
+text = render(snakemake_jobs("."), config.read_yaml(config.DEFAULT_FILE))
 if "--check" in sys.argv:
     if Path("dvc.yaml").read_text() != text:
         print("error: dvc.yaml: stale, it does not match the Snakefile's DAG -- fix: python scripts/gen_dvc.py",

@@ -259,7 +259,8 @@ def test_apply_rebuilds_exactly_the_toolchain_stages_and_reports(index, tiny_res
     dry = run(cli, repo)
     assert f"{PACKAGE} {OLD} -> {NEW} (pre-release)" in dry.stdout
     assert "  rwkv7-tiny: export fp16, fp32, int8keepproj; aot universal/fp16, universal/fp32, universal/int8keepproj;" \
-           " gate fp16, fp32, int8keepproj; card; stage_and_push" in dry.stdout, dry.stdout
+           " doctor fp16, fp32, int8keepproj; gate fp16, fp32, int8keepproj; card; stage_and_push; report" \
+           in dry.stdout, dry.stdout
     assert "source" not in dry.stdout and not (repo / "reports").exists()
 
     tree = tmp_path / "rebuilt"
@@ -269,7 +270,8 @@ def test_apply_rebuilds_exactly_the_toolchain_stages_and_reports(index, tiny_res
     assert "beta-watch: no regression" in proc.stdout, proc.stdout + proc.stderr
     report = json.loads((repo / f"reports/beta-{PACKAGE}-{NEW}.json").read_text())
     ran = collections.Counter(j["rule"] for j in report["jobs"]["executed"])
-    assert ran == {"toolchain": 1, "export": 3, "aot": 3, "gate": 3, "card": 1, "stage_and_push": 1, "publish": 1}
+    assert ran == {"toolchain": 1, "export": 3, "aot": 3, "doctor": 3, "gate": 3, "card": 1, "stage_and_push": 1,
+                   "report": 1, "publish": 1}
     assert sorted(map(str, report["jobs"]["planned"])) == sorted(map(str, report["jobs"]["executed"]))
     assert report["verdict"] == "no regression" and report["regressions"] == [] and report["snakemake_exit"] == 0
     # what the rebuilt tree says, read independently

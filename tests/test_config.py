@@ -30,6 +30,41 @@ def test_shipped_config_is_valid(cfg):
         assert name in cfg["recipes"] and name in cfg["gate"]["thresholds"]
 
 
+# What mlboydaisuke/RWKV7-Goose-1.5B-CoreAI ships, file by file where apps load them by path.
+SHIPPED_1_5B = ["aimodel/rwkv7_goose_1_5b/rwkv7_goose_1_5b.aimodel", "aimodel/rwkv7_goose_1_5b-fp16/rwkv7_goose_1_5b-fp16.aimodel",
+                "h18p/rwkv7_goose_1_5b-fp16/rwkv7_goose_1_5b-fp16.h18p.aimodelc", "h18p/rwkv7_goose_1_5b-fp16/rwkv_vocab.tsv",
+                "h18p/rwkv7_goose_1_5b/rwkv7_goose_1_5b.h18p.aimodelc", "h18p/rwkv7_goose_1_5b/rwkv_vocab.tsv"]
+
+
+@pytest.mark.parametrize("model", ["rwkv7-goose-1.5b", "rwkv7-1.5b-shape"])
+def test_the_1_5b_entries_stage_the_shipped_repos_layout(cfg, model):
+    """The shipped recipe (int8keepproj) under the bare name, other recipes suffixed; each
+    target's folder holds <bundle>.<target>.aimodelc beside the vocabulary (what publish stages:
+    tests/test_publish.py checks the staged tree against paths.published_folders)."""
+    from rwkv7_coreai.paths import VOCAB_TSV, bundle_name, published_folders
+
+    m = cfg["models"][model]
+    assert (m["dir"], m["shipped"], m["recipes"]) == ("rwkv7_goose_1_5b", "int8keepproj", ["fp16", "int8keepproj"])
+    staged = []
+    for folder in published_folders(m, ["h18p"]):
+        kind, bundle = folder.split("/")
+        assert bundle in {bundle_name(m, r) for r in m["recipes"]}
+        staged += [f"{folder}/{bundle}.aimodel"] if kind == "aimodel" else [f"{folder}/{bundle}.{kind}.aimodelc",
+                                                                              f"{folder}/{VOCAB_TSV}"]
+    assert sorted(staged) == sorted(SHIPPED_1_5B)
+
+
+def test_the_1_5b_shape_entry_has_the_real_geometry(cfg):
+    from rwkv7_coreai.geometry import Geometry
+    from rwkv7_coreai.resources import parameters
+
+    src = cfg["models"]["rwkv7-1.5b-shape"]["source"]
+    assert src["kind"] == "synthetic" and src["layout"] == "fla-packed"
+    assert src["shape"] == {"layers": 24, "hidden": 2048, "head_dim": 64, "ffn": 8192, "vocab": 65536,
+                            "decay_lora": 96, "a_lora": 96, "v_lora": 64, "gate_lora": 256}
+    assert parameters(Geometry(**src["shape"])) == 1_527_404_544  # the real 1.5B's count: ~6.1 GB in fp32
+
+
 def test_build_override_selects_models(raw):
     raw["build"] = ["rwkv7-goose-1.5b"]
     assert config.models_to_build(config.validate(raw)) == ["rwkv7-goose-1.5b"]
@@ -60,6 +95,7 @@ def test_schema_errors_name_the_field(raw, mutate, needle):
     (lambda c: c["models"]["rwkv7-goose-1.5b"]["source"].__setitem__("revision", "a1b2c3d"), "not a full 40-hex commit"),
     (lambda c: c.__setitem__("build", ["nope"]), "unknown model 'nope'"),
     (lambda c: c["gate"]["thresholds"].pop("fp16"), "has no gate threshold"),
+    (lambda c: c["models"]["rwkv7-tiny"].__setitem__("shipped", "int8"), "shipped 'int8' is not one of its recipes"),
 ])
 def test_cross_reference_errors(raw, mutate, needle):
     mutate(raw)

@@ -226,6 +226,23 @@ def test_a_recipe_without_a_passing_gate_is_refused(tmp_path, no_token, capsys, 
     assert not out.parent.exists() or list(out.parent.iterdir()) == []
 
 
+def test_the_staged_folders_are_the_configured_names(staged, tmp_path, capsys):
+    """Publish stages exactly paths.published_folders; bundles built under other names (here:
+    the config now ships int8keepproj under the bare dir name) are refused in one line."""
+    from rwkv7_coreai.paths import published_folders
+
+    cfg = yaml.safe_load(staged["config"].read_text())["models"][MODEL]
+    out = staged["out"]
+    assert sorted(f"{d.parent.name}/{d.name}" for d in out.glob("*/*") if d.is_dir()) == \
+        published_folders(cfg, cfg["targets"])
+    renamed = write_config(tmp_path / "renamed.yaml", shipped="int8keepproj")
+    rc = cli.publish(["--config-file", str(renamed), "--model", MODEL, *publish_args(staged["results"]),
+                      "--out", str(tmp_path / "again")])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1 and "but the config names" in err and "'aimodel/rwkv7-tiny'" in err, err
+    assert "snakemake --forcerun export" in err and not (tmp_path / "again").exists()
+
+
 def test_refusal_leaves_an_earlier_staging_tree_untouched(staged, capsys):
     out = staged["out"]
     before = {rel: sha256(out / rel) for rel in all_files(out)}
