@@ -93,6 +93,13 @@ class OpenedFiles:
             path = os.fsdecode(args[0])
             self.by_label.setdefault(self.label, set()).add(os.path.abspath(path))
 
+    @classmethod
+    def loaded(cls, by_label: dict[str, list[str]]) -> "OpenedFiles":
+        """A record read back (no hook of its own)."""
+        record = cls.__new__(cls)
+        record.label, record.by_label = None, {k: set(v) for k, v in by_label.items()}
+        return record
+
     @contextlib.contextmanager
     def recording(self, label: str):
         self.label = label
@@ -106,28 +113,42 @@ OPENED = OpenedFiles()
 
 
 @pytest.fixture(scope="session")
-def opened_files():
-    return OPENED
+def opened_files(tiny_results):
+    """What each stage opened while ``tiny_results`` was built (recorded by whichever worker
+    built it): ``.by_label[label]`` is a set of absolute paths."""
+    del tiny_results  # built (or found built) first: that fills _TINY
+    return _TINY["opened"]
+
+
+_TINY: dict = {}
 
 
 @pytest.fixture(scope="session")
 def tiny_results(tmp_path_factory, repo_root) -> Path:
     """A complete results tree for rwkv7-tiny (fp32, fp16, int8keepproj on `universal`), built by
-    the stage entry points with a short gate (2 prompts, 40 steps) — what the card and publish
-    tests read. Everything is real: the bundles are exported, lowered and gated here."""
+    the stage entry points with the tests' short gate (repo_copies.SHORT_GATE) -- what the card
+    and publish tests read. Everything is real: the bundles are exported, lowered and gated.
+    Built once per session (shared by pytest-xdist workers); each stage's opened files are
+    recorded for tests/test_declared_inputs.py."""
+    from repo_copies import shared_build
+
+    root, built = shared_build(tmp_path_factory, "tiny", lambda where: _build_tiny(where, repo_root))
+    _TINY["opened"] = OpenedFiles.loaded(built["opened"])
+    return root / "results"
+
+
+def _build_tiny(root: Path, repo_root: Path) -> dict:
     import yaml
 
+    from repo_copies import short_gate
     from rwkv7_coreai import cli
     from rwkv7_coreai.doctor import SOURCES, doctor_json
     from rwkv7_coreai.paths import Layout, as_args, stage_args
     from rwkv7_coreai.report import report_inputs, report_path
 
-    root = tmp_path_factory.mktemp("pipeline")
     res = root / "results"
-    cfg = yaml.safe_load((repo_root / "config.yaml").read_text())
+    cfg = short_gate(yaml.safe_load((repo_root / "config.yaml").read_text()))
     cfg["results"] = str(res)
-    cfg["gate"]["prompts"] = ["Hello, who are you?", "What is 17 times 23?"]
-    cfg["gate"]["steps"] = 40
     conf = root / "config.yaml"
     conf.write_text(yaml.safe_dump(cfg))
     m = "rwkv7-tiny"
@@ -159,7 +180,7 @@ def tiny_results(tmp_path_factory, repo_root) -> Path:
                                            "--out", str(lay.publish)])
     for out in [lay.source, *(lay.export(r) for r in recipes), *(lay.aot("universal", r) for r in recipes)]:
         (out / ".snakemake_timestamp").touch()  # what Snakemake leaves in every directory() output
-    return res
+    return {"opened": {label: sorted(paths) for label, paths in OPENED.by_label.items()}}
 
 
 @pytest.fixture(autouse=True, scope="module")

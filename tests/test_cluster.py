@@ -18,6 +18,7 @@ import yaml
 
 from rwkv7_coreai import resources
 from rwkv7_coreai.geometry import Geometry
+from repo_copies import SHORT_GATE
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "tests" / "cluster"
@@ -26,7 +27,7 @@ ZOO = {"0.1B": Geometry(12, 768, 64, 3072, 65536, 64, 64, 32, 128), "0.4B": Geom
        "1.5B": Geometry(24, 2048, 64, 8192, 65536, 96, 96, 64, 256), "2.9B": Geometry(32, 2560, 64, 10240, 65536, 96, 96, 64, 320)}
 MEASURED_1_5B_EXPORT_PEAK_MB = 12_200  # peak RSS of the 1.5B int8keepproj export (fp32 source 6.1 GB)
 LOCAL_RULES = {"source", "stage_and_push", "publish"}  # network / HF_TOKEN, and the aggregate target
-GATE_PROMPTS, GATE_STEPS = ["Hello, who are you?", "What is 17 times 23?"], 40  # as tiny_results
+GATE_PROMPTS, GATE_STEPS = SHORT_GATE["prompts"], SHORT_GATE["steps"]  # as tiny_results
 
 
 # --- resources.py --------------------------------------------------------------------------------
@@ -157,13 +158,9 @@ def slurm(tmp_path_factory):
                            "munge, mariadb-server) and runs this test")
 @pytest.mark.skipif(os.geteuid() != 0, reason="starting slurmd/slurmctld here needs root")
 def test_the_default_dag_runs_as_slurm_jobs_and_every_job_completes(slurm, tmp_path_factory):
-    from test_pipeline_integration import fresh_copy, run
+    from repo_copies import fresh_copy, run
 
-    repo = fresh_copy(tmp_path_factory.mktemp("cluster"))
-    cfg = yaml.safe_load((repo / "config.yaml").read_text())
-    cfg["gate"]["prompts"], cfg["gate"]["steps"] = GATE_PROMPTS, GATE_STEPS  # shortened, as in the integration test
-    (repo / "config.yaml").write_text(yaml.safe_dump(cfg, allow_unicode=True, sort_keys=False))
-    run("git -c user.name=t -c user.email=t@t commit -qam 'short gate'", repo)
+    repo = fresh_copy(tmp_path_factory.mktemp("cluster"))  # with the short gate
 
     start = time.monotonic()
     proc = run("timeout -k 10 1500 snakemake --profile profiles/slurm --slurm-init-seconds-before-status-checks 2 "

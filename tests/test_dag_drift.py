@@ -7,7 +7,7 @@ import copy
 import pytest
 import yaml
 
-from rwkv7_coreai import dag
+from rwkv7_coreai import config, dag, fingerprint
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +16,7 @@ def jobs(repo_root):
 
 
 def test_committed_dvc_yaml_is_generated_from_the_snakefile(repo_root, jobs):
-    assert (repo_root / "dvc.yaml").read_text() == dag.render(jobs), \
+    assert (repo_root / "dvc.yaml").read_text() == dag.render(jobs, config.read_yaml(repo_root / "config.yaml")), \
         "dvc.yaml is stale: run `python scripts/gen_dvc.py` and commit it"
 
 
@@ -58,3 +58,27 @@ def test_drift_is_detected(jobs, damage, needle):
     assert dag.drift(jobs, index) == []
     damage(index)
     assert any(needle in p for p in dag.drift(jobs, index))
+
+
+def test_a_param_key_config_yaml_lacks_is_not_given_to_dvc():
+    """DVC refuses a params key missing from the file: optional keys (models.<m>.shipped) are
+    listed only where config.yaml sets them."""
+    cfg = {"models": {"m": {"dir": "m", "shipped": "fp16"}}, "recipes": {"fp16": {}}, "prefill": {"chunk": 64}}
+    assert dag.param_keys("export", {"model": "m", "recipe": "fp16"}, cfg) == [
+        "models.m.dir", "models.m.shipped", "prefill.chunk", "recipes.fp16"]
+    del cfg["models"]["m"]["shipped"]
+    assert "models.m.shipped" not in dag.param_keys("export", {"model": "m", "recipe": "fp16"}, cfg)
+
+
+@pytest.mark.parametrize("rule", sorted(fingerprint.ENTRY))
+def test_each_stage_fingerprints_its_own_code_and_no_other_stages(rule):
+    """A stage's code fingerprint (Snakemake params: code, DVC deps) covers its script and the
+    module holding its main, and no other stage's: editing one stage reruns that stage only
+    (end to end for a sample: tests/test_pipeline_integration.py)."""
+    script, module = fingerprint.ENTRY[rule]
+    files = set(fingerprint.code_files(rule))
+    assert {f"scripts/{script}.py", f"rwkv7_coreai/{module}.py"} <= files
+    others = {f"scripts/{s}.py" for r, (s, _) in fingerprint.ENTRY.items() if r != rule}
+    assert not files & others, f"{rule} also fingerprints {sorted(files & others)}"
+    before = fingerprint.digest(rule)
+    assert len(before) == 64 and before == fingerprint.digest(rule)

@@ -1,0 +1,80 @@
+"""Repository copies and built trees shared by the tests (and, under pytest-xdist, by workers).
+
+* :func:`fresh_copy`: what a fresh clone holds, committed in a new git repo, with the tests'
+  short gate (:data:`SHORT_GATE`) -- the one gate setting every built tree here uses;
+* :func:`run`: a shell command in such a copy, running that copy's package;
+* :func:`shared_build`: build a tree once per test session, whichever worker needs it first;
+  the others wait for it and reuse it (a file lock in the session's common temp directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+import yaml
+from filelock import FileLock
+
+ROOT = Path(__file__).resolve().parents[1]
+# The gate of every tree built by the tests: 2 prompts, 40 steps (config.yaml ships 127).
+SHORT_GATE = {"prompts": ["Hello, who are you?", "What is 17 times 23?"], "steps": 40}
+GIT_DATES = {"GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
+
+
+def env(**extra) -> dict:
+    out = dict(os.environ, PATH=f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
+               DVC_NO_ANALYTICS="1", HF_HUB_OFFLINE="1", SOURCE_DATE_EPOCH="1767225600", **extra)
+    out.pop("HF_TOKEN", None)
+    return out
+
+
+def run(cmd, cwd, timeout=1200, check=True, **extra):
+    """A shell command in a repository copy, running that copy's package (PYTHONPATH), not the
+    editable install's."""
+    proc = subprocess.run(cmd, cwd=cwd, env=env(PYTHONPATH=str(cwd), **extra), capture_output=True, text=True,
+                          timeout=timeout, shell=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def short_gate(cfg: dict) -> dict:
+    cfg["gate"].update(SHORT_GATE)
+    return cfg
+
+
+def fresh_copy(dest: Path, edit: Callable[[dict], None] | None = None) -> Path:
+    """What a fresh clone holds (tracked + new, not ignored files), with the short gate (and
+    ``edit`` applied to its config.yaml), committed in a new git repo with fixed dates."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    cfg_path = dest / "config.yaml"
+    cfg = short_gate(yaml.safe_load(cfg_path.read_text()))
+    if edit:
+        edit(cfg)
+    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
+    run("git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm copy", dest, **GIT_DATES)
+    return dest
+
+
+def shared_build(tmp_path_factory, name: str, build: Callable[[Path], dict]) -> tuple[Path, dict]:
+    """``build(dir)`` once per session across pytest-xdist workers; returns (dir, what build
+    returned, JSON-able). A failed build leaves no marker: the next test that needs it retries."""
+    base = tmp_path_factory.getbasetemp()
+    common = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    where, done = common / f"shared-{name}", common / f"shared-{name}.json"
+    with FileLock(str(common / f"shared-{name}.lock")):
+        if not done.is_file():
+            shutil.rmtree(where, ignore_errors=True)
+            where.mkdir(parents=True)
+            done.write_text(json.dumps(build(where)))
+    return where, json.loads(done.read_text())
