@@ -56,7 +56,7 @@ def feed(session, tokens: Sequence[int]) -> np.ndarray:
 def prompt_route(session, n_tokens: int) -> str:
     """Which functions a prompt of ``n_tokens`` goes through (for the speed line)."""
     chunk = getattr(session, "chunk", None)
-    decode = getattr(session, "function", "main")
+    decode = session.function
     if chunk and n_tokens >= chunk:
         return f"{session.prefill_function} {n_tokens // chunk}x{chunk} + {decode} {n_tokens % chunk}x1"
     return decode
@@ -107,7 +107,7 @@ class Result:
     stop_reason: str = "length"  # eos | stop | length | interrupted
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
-    prompt_route: str = "main"
+    prompt_route: str = ""  # the functions the prompt went through (prompt_route())
 
     def speeds(self) -> str:
         p, d = len(self.prompt_tokens), len(self.tokens) + (self.stop_reason == "eos")

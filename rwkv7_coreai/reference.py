@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .checkpoint import normalize
-from .geometry import Geometry
+from .geometry import MIXERS, Geometry
 
 
 @dataclass
@@ -58,7 +58,7 @@ class Reference:
             h = self._ln(x, p + "attn_norm")
             d = state.att_shift[i] - h
             state.att_shift[i] = h
-            xr, xw, xk, xv, xa, xg = (h + d * w[f"{p}attn.x_{m}"].reshape(-1) for m in "rwkvag")
+            xr, xw, xk, xv, xa, xg = (h + d * w[f"{p}attn.x_{m}"].reshape(-1) for m in MIXERS)
             r = self._lin(p + "attn.r_proj", xr)
             k = self._lin(p + "attn.k_proj", xk)
             v = self._lin(p + "attn.v_proj", xv)
@@ -107,18 +107,3 @@ class Reference:
         """Logits [T, V] for a token sequence, fed one at a time."""
         state = state or self.zero_state()
         return torch.stack([self.step(int(t), state) for t in tokens]), state
-
-    def greedy(self, prompt, n_new: int, state: State | None = None, stop: int | None = 0) -> list[int]:
-        """Greedy continuation of ``prompt`` (n_new tokens at most; stops after ``stop``)."""
-        state = state or self.zero_state()
-        logits = None
-        for t in prompt:
-            logits = self.step(int(t), state)
-        out: list[int] = []
-        for _ in range(n_new):
-            nxt = int(torch.argmax(logits))
-            out.append(nxt)
-            if stop is not None and nxt == stop:
-                break
-            logits = self.step(nxt, state)
-        return out

@@ -21,6 +21,7 @@ from markupsafe import Markup
 
 from . import stage
 from .doctor import doctor_json
+from .entrypoints import DECODE, by_role
 from .errors import PipelineError, main_guard
 from .frontmatter import FRONT
 from .fsutil import write_text_atomic
@@ -97,7 +98,7 @@ class Recipe:
     @property
     def state_writes(self) -> dict[str, dict[str, int]]:
         """Writes per state per call, by function (older gate results: the decode function's only)."""
-        return self.gate.get("state_writes") or {"main": self.gate.get("state_writes_per_step") or {}}
+        return self.gate.get("state_writes") or {by_role(DECODE).name: self.gate.get("state_writes_per_step") or {}}
 
 
 def load_recipes(model: str, gates, tsvs, exports, logs, doctors) -> list[Recipe]:

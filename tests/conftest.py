@@ -15,6 +15,17 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("RWKV7_PROGRESS", "0")  # progress lines on stderr would break the one-line-error checks
 
 
+# The files that build whole trees, longest first: under pytest-xdist (--dist loadfile,
+# --no-loadscope-reorder) each worker starts on one of them and the short files fill in after.
+HEAVY_FIRST = ("test_pipeline_integration.py", "test_pipeline_dvc.py", "test_beta_watch.py", "test_cluster.py",
+               "test_reproducible.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT
@@ -110,6 +121,23 @@ class OpenedFiles:
 
 
 OPENED = OpenedFiles()
+
+
+@pytest.fixture(scope="session")
+def smk_repo(tmp_path_factory):
+    """A fresh copy built by `snakemake --cores 1 publish` (tests/test_pipeline_integration.py
+    changes and restores it): (repo, what repo_copies.built recorded right after the build)."""
+    from repo_copies import built, shared_build
+
+    return shared_build(tmp_path_factory, "smk", lambda repo: built(repo, "snakemake --cores 1 publish", "11"))
+
+
+@pytest.fixture(scope="session")
+def dvc_repo(tmp_path_factory):
+    """A fresh copy built by `dvc repro` (tests/test_pipeline_dvc.py)."""
+    from repo_copies import built, shared_build
+
+    return shared_build(tmp_path_factory, "dvc", lambda repo: built(repo, "dvc repro", "22"))
 
 
 @pytest.fixture(scope="session")

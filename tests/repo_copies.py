@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -68,13 +69,53 @@ def fresh_copy(dest: Path, edit: Callable[[dict], None] | None = None) -> Path:
 
 def shared_build(tmp_path_factory, name: str, build: Callable[[Path], dict]) -> tuple[Path, dict]:
     """``build(dir)`` once per session across pytest-xdist workers; returns (dir, what build
-    returned, JSON-able). A failed build leaves no marker: the next test that needs it retries."""
+    returned, JSON-able). A failed build is not retried: every test that needs it fails with
+    the first failure's message."""
     base = tmp_path_factory.getbasetemp()
     common = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     where, done = common / f"shared-{name}", common / f"shared-{name}.json"
     with FileLock(str(common / f"shared-{name}.lock")):
         if not done.is_file():
-            shutil.rmtree(where, ignore_errors=True)
             where.mkdir(parents=True)
-            done.write_text(json.dumps(build(where)))
-    return where, json.loads(done.read_text())
+            try:
+                built = {"ok": build(where)}
+            except BaseException as exc:
+                done.write_text(json.dumps({"failed": f"{type(exc).__name__}: {exc}"}))
+                raise
+            done.write_text(json.dumps(built))
+    record = json.loads(done.read_text())
+    if "failed" in record:
+        raise AssertionError(f"the shared {name} build failed earlier in this session: {record['failed'][-3000:]}")
+    return where, record["ok"]
+
+
+# --- the two full builds of the integration tests: `snakemake` and `dvc repro` in fresh copies ---
+RECIPES = ("fp32", "fp16", "int8keepproj")  # the default model's
+
+
+def tracked_outputs(repo: Path) -> dict[str, str]:
+    """sha256 of every file below every DVC-tracked output (outs, metrics, plots)."""
+    stages = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]
+    digests = {}
+    for st in stages.values():
+        for key in ("outs", "metrics", "plots"):
+            for out in st.get(key, []):
+                path = repo / (next(iter(out)) if isinstance(out, dict) else out)
+                files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+                for f in files:
+                    if f.name != ".snakemake_timestamp":
+                        digests[str(f.relative_to(repo))] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return digests
+
+
+def gate_numbers(repo: Path) -> dict:
+    keys = ("steps", "agree_counted", "counted", "near_ties", "max_abs_dlogits", "mean_kl", "pass")
+    return {r: {k: json.loads((repo / f"results/rwkv7-tiny/gate/{r}.json").read_text())[k] for k in keys}
+            for r in RECIPES}
+
+
+def built(repo: Path, cmd: str, seed: str) -> dict:
+    """Build a fresh copy with ``cmd``; what later tests compare, recorded right after the build."""
+    proc = run(cmd, fresh_copy(repo), PYTHONHASHSEED=seed)
+    return {"output": proc.stdout + proc.stderr, "outputs": tracked_outputs(repo), "gates": gate_numbers(repo),
+            "dvc_lock": (repo / "dvc.lock").read_text()}

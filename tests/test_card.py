@@ -138,8 +138,8 @@ def model_dir(work) -> Path:
 # --- numbers come from the metrics ---------------------------------------------------------------
 def test_recipes_table_shows_exactly_the_measured_numbers(work, capsys):
     base = model_dir(work)
-    gate = edit_json(base / "gate" / "fp16.json", agree_counted=101, counted=113, near_ties=7,
-                     max_abs_dlogits=0.123456, mean_kl=0.000314159)
+    edit_json(base / "gate" / "fp16.json", agree_counted=101, counted=113, near_ties=7,
+              max_abs_dlogits=0.123456, mean_kl=0.000314159)
     edit_json(base / "export" / "fp16" / "export.json", size_bytes=12_345_678)
     edit_json(base / "gate" / "int8keepproj.json", agree_counted=99, counted=100, near_ties=11,
               max_abs_dlogits=2.5e-7, mean_kl=0.5, **{"pass": False})

@@ -161,6 +161,7 @@ def test_the_default_dag_runs_as_slurm_jobs_and_every_job_completes(slurm, tmp_p
     from repo_copies import fresh_copy, run
 
     repo = fresh_copy(tmp_path_factory.mktemp("cluster"))  # with the short gate
+    cfg = yaml.safe_load((repo / "config.yaml").read_text())
 
     start = time.monotonic()
     proc = run("timeout -k 10 1500 snakemake --profile profiles/slurm --slurm-init-seconds-before-status-checks 2 "

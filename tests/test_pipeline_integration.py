@@ -1,12 +1,12 @@
 """The real DAG on the default tiny model, in temporary copies of the repository, through both
 entry points: `snakemake --cores 1 publish` and `dvc repro`. The gate is shortened
 (repo_copies.SHORT_GATE, in the copy's config.yaml) to keep CI time down; everything else is
-the shipped configuration. Under pytest-xdist the tests of each built copy run on one worker
-(xdist_group), and each copy is built once per session (repo_copies.shared_build)."""
+the shipped configuration. The `dvc repro` copy and the comparison of the two builds are in
+tests/test_pipeline_dvc.py, so that pytest-xdist (--dist loadfile) builds both at once; each
+copy is built once per session (repo_copies.shared_build)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -15,50 +15,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from repo_copies import SHORT_GATE, env, fresh_copy, run, shared_build
+from repo_copies import RECIPES, SHORT_GATE, env, run, tracked_outputs
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smk")]
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 GATE_STEPS = SHORT_GATE["steps"]
-RECIPES = ("fp32", "fp16", "int8keepproj")
-
-
-def tracked_outputs(repo: Path) -> dict[str, str]:
-    """sha256 of every file below every DVC-tracked output (outs, metrics, plots)."""
-    stages = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]
-    digests = {}
-    for st in stages.values():
-        for key in ("outs", "metrics", "plots"):
-            for out in st.get(key, []):
-                path = repo / (next(iter(out)) if isinstance(out, dict) else out)
-                files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-                for f in files:
-                    if f.name != ".snakemake_timestamp":
-                        digests[str(f.relative_to(repo))] = hashlib.sha256(f.read_bytes()).hexdigest()
-    return digests
-
-
-def gate_numbers(repo: Path) -> dict:
-    keys = ("steps", "agree_counted", "counted", "near_ties", "max_abs_dlogits", "mean_kl", "pass")
-    return {r: {k: json.loads((repo / f"results/rwkv7-tiny/gate/{r}.json").read_text())[k] for k in keys}
-            for r in RECIPES}
-
-
-def _built(repo: Path, cmd: str, seed: str) -> dict:
-    """Build a fresh copy with ``cmd``; what later tests compare, recorded right after the build."""
-    proc = run(cmd, fresh_copy(repo), PYTHONHASHSEED=seed)
-    return {"output": proc.stdout + proc.stderr, "outputs": tracked_outputs(repo), "gates": gate_numbers(repo),
-            "dvc_lock": (repo / "dvc.lock").read_text()}
-
-
-@pytest.fixture(scope="session")
-def smk_repo(tmp_path_factory):
-    return shared_build(tmp_path_factory, "smk", lambda repo: _built(repo, "snakemake --cores 1 publish", "11"))
-
-
-@pytest.fixture(scope="session")
-def dvc_repo(tmp_path_factory):
-    return shared_build(tmp_path_factory, "dvc", lambda repo: _built(repo, "dvc repro", "22"))
 
 
 def test_snakemake_builds_everything(smk_repo):
@@ -127,31 +88,6 @@ def test_dvc_push_then_pull_restores_every_artifact_byte_for_byte(smk_repo):
     assert "Nothing to be done" in run("snakemake -n --cores 1 publish", repo).stdout
 
 
-@pytest.mark.xdist_group("dvc")
-def test_two_builds_in_two_directories_are_byte_identical(dvc_repo, smk_repo):
-    """snakemake in one temp copy, dvc repro in another, fresh processes, other PYTHONHASHSEEDs:
-    every file of every output (source, vocab, reference, export, aot, gate, card, publish),
-    each tree as its build left it."""
-    (repo, dvc_built), (_, smk_built) = dvc_repo, smk_repo
-    assert dvc_built["gates"] == smk_built["gates"]
-    ours, theirs = smk_built["outputs"], dvc_built["outputs"]
-    assert sorted(ours) == sorted(theirs) and len(ours) > 40
-    stages = {rel.split("/")[2] for rel in ours if rel.count("/") >= 3}
-    assert {"source", "vocab", "reference", "export", "aot", "gate", "card", "publish"} <= stages, stages
-    differing = sorted(rel for rel in ours if ours[rel] != theirs[rel])
-    assert differing == [], f"{len(differing)} files differ between the two builds: {differing[:8]}"
-    assert smk_built["dvc_lock"] == dvc_built["dvc_lock"]
-    assert json.loads((repo / "results/rwkv7-tiny/publish/publish.json").read_text())["gates"].keys() == set(RECIPES)
-
-
-@pytest.mark.xdist_group("dvc")
-def test_snakemake_has_nothing_to_do_after_dvc_repro(dvc_repo):
-    repo, _ = dvc_repo
-    proc = run("snakemake -n --cores 1 publish", repo)
-    assert "Nothing to be done" in proc.stdout + proc.stderr
-    assert "Data and pipelines are up to date" in run("dvc status", repo).stdout
-
-
 # --- issue 8: only gated bytes are published; DVC records only what a run built, with config.yaml --
 def _dvc_changed(repo) -> str:
     return run("dvc status", repo).stdout
@@ -169,7 +105,7 @@ def test_a_maintainer_card_is_an_input_of_the_card(smk_repo):
     cards.mkdir()
     try:
         (cards / "rwkv7-tiny.md").write_text("Maintained by hand.\n")
-        assert _planned_rules(repo) == {"card", "stage_and_push", "publish"}
+        assert _planned_rules(repo) == {"card", "report", "stage_and_push", "publish"}
     finally:
         shutil.rmtree(cards)
     assert "Nothing to be done" in run("snakemake -n --cores 1 publish", repo).stdout
