@@ -38,6 +38,7 @@ from packaging.version import InvalidVersion, Version
 from . import config as cfgmod
 from .errors import PipelineError, main_guard
 from .paths import Layout
+from .records import export_stats
 
 REQUIREMENTS = "requirements.txt"
 ENVS_GLOB = "envs/*.yaml"
@@ -53,8 +54,6 @@ DEFAULTS = {
         "dlogits_floor": 1.0e-4,  # below this an fp32 bundle's max|dlogits| is rounding noise
     },
 }
-EXPORT_LINE = re.compile(r"export (?P<model>\S+)/(?P<recipe>\S+): .*?, [\d.]+ MB in (?P<seconds>[\d.]+) s, "
-                         r"peak RSS (?P<rss>[\d.]+) MB")
 
 
 # --- settings and pins -------------------------------------------------------------------------
@@ -381,10 +380,9 @@ def numbers(results: Path, model: str, recipe: str) -> dict:
     export_json = lay.export(recipe) / "export.json"
     if out["size_bytes"] is None and export_json.is_file():
         out["size_bytes"] = json.loads(export_json.read_text())["size_bytes"]
-    log = lay.log(f"export-{recipe}")
-    if log.is_file():
-        for m in EXPORT_LINE.finditer(log.read_text(errors="replace")):
-            out["export_seconds"], out["export_peak_rss_mb"] = float(m["seconds"]), float(m["rss"])
+    stats = export_stats(lay.log(f"export-{recipe}"), model, recipe)
+    if stats:
+        out["export_seconds"], out["export_peak_rss_mb"] = stats["seconds"], stats["rss_mb"]
     return out
 
 

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from .errors import PipelineError
@@ -53,3 +54,24 @@ def by_recipe(paths: list[Path], name: str | None = None) -> dict[str, dict]:
 
 def read_manifest(source_dir: Path) -> dict:
     return load_json(Path(source_dir) / MANIFEST, "run the source stage first")
+
+
+# The export stage's summary line in its job log (``export <model>/<recipe>: <bundle>, <size> MB
+# (...) in <s> s, peak RSS <mb> MB; ...``): the one record of its cost. Not in export.json, which
+# holds no timings so that rebuilds are byte-identical.
+EXPORT_LINE = re.compile(r"export (?P<model>[^/\s]+)/(?P<recipe>\S+): \S+, [\d.]+ MB[^;\n]* in (?P<seconds>[\d.]+) s, "
+                         r"peak RSS (?P<rss_mb>[\d.]+) MB")
+
+
+def export_stats(log: Path, model: str, recipe: str) -> dict | None:
+    """Export time and peak RSS from the export job's log (its last summary line); None when the
+    log is missing (logs are not tracked by DVC: after a ``dvc pull`` there are none) or has no
+    such line."""
+    try:
+        text = Path(log).read_text(errors="replace")
+    except FileNotFoundError:
+        return None
+    hits = [m for m in EXPORT_LINE.finditer(text) if m["model"] == model and m["recipe"] == recipe]
+    if not hits:
+        return None
+    return {"seconds": float(hits[-1]["seconds"]), "rss_mb": float(hits[-1]["rss_mb"])}

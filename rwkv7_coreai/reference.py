@@ -107,3 +107,19 @@ class Reference:
         """Logits [T, V] for a token sequence, fed one at a time."""
         state = state or self.zero_state()
         return torch.stack([self.step(int(t), state) for t in tokens]), state
+
+    def greedy(self, prompt, n_new: int, state: State | None = None, stop: int | None = 0) -> list[int]:
+        """Greedy continuation of ``prompt`` (n_new tokens at most; stops after ``stop``): the
+        independent path that generate's and the card's app-code tests compare against."""
+        state = state or self.zero_state()
+        logits = None
+        for t in prompt:
+            logits = self.step(int(t), state)
+        out: list[int] = []
+        for _ in range(n_new):
+            nxt = int(torch.argmax(logits))
+            out.append(nxt)
+            if stop is not None and nxt == stop:
+                break
+            logits = self.step(nxt, state)
+        return out

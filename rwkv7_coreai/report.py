@@ -21,17 +21,14 @@ from markupsafe import Markup
 
 from . import stage
 from .doctor import doctor_json
-from .entrypoints import DECODE, by_role
 from .errors import PipelineError, main_guard
 from .frontmatter import FRONT
 from .fsutil import write_text_atomic
 from .paths import Layout
-from .records import load_json, read_export
+from .records import export_stats, load_json, read_export
 
 TEMPLATE = "report.html.j2"
 # export.py's summary line: "export <m>/<r>: <bundle>, <X> MB (...) in <S> s, peak RSS <R> MB; ..."
-EXPORT_LINE = re.compile(r"export (?P<model>[^/\s]+)/(?P<recipe>\S+): \S+, [\d.]+ MB[^;\n]* in (?P<seconds>[\d.]+) s, "
-                         r"peak RSS (?P<rss_mb>[\d.]+) MB")
 
 
 def report_path(lay: Layout) -> Path:
@@ -62,20 +59,6 @@ def read_tsv(path: Path) -> list[dict]:
     return [{k: float(r[k]) if k in ("ref_margin", "max_abs_dlogits") else int(r[k]) for k in TSV_USED} for r in rows]
 
 
-def export_stats(log: Path, model: str, recipe: str) -> dict | None:
-    """Export time and peak RSS from the export job's log (its last summary line); None when the
-    log is missing (logs are not tracked by DVC: after a ``dvc pull`` there are none) or has no
-    such line."""
-    try:
-        text = log.read_text(errors="replace")
-    except FileNotFoundError:
-        return None
-    hits = [m for m in EXPORT_LINE.finditer(text) if m["model"] == model and m["recipe"] == recipe]
-    if not hits:
-        return None
-    return {"seconds": float(hits[-1]["seconds"]), "rss_mb": float(hits[-1]["rss_mb"])}
-
-
 @dataclass
 class Recipe:
     name: str
@@ -97,8 +80,8 @@ class Recipe:
 
     @property
     def state_writes(self) -> dict[str, dict[str, int]]:
-        """Writes per state per call, by function (older gate results: the decode function's only)."""
-        return self.gate.get("state_writes") or {by_role(DECODE).name: self.gate.get("state_writes_per_step") or {}}
+        """Writes per state per call, by function (as the gate recorded them)."""
+        return self.gate.get("state_writes") or {}
 
 
 def load_recipes(model: str, gates, tsvs, exports, logs, doctors) -> list[Recipe]:
