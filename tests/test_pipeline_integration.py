@@ -159,7 +159,7 @@ def test_two_concurrent_runs_in_one_tree_lose_no_record(smk_repo):
     """Two runs at once whose DAGs share no file Snakemake locks (neither's output is an input of
     any job in the other's DAG: the fp16 gate and the fp32 lowering) both get recorded."""
     repo, _ = smk_repo
-    env_cmd = "snakemake --cores 1 --forcerun {rule} {target}"
+    env_cmd = "snakemake --cores 1 {target} --forcerun {rule}"  # --forcerun takes every word after it
     a = subprocess.Popen(env_cmd.format(rule="gate", target="results/rwkv7-tiny/gate/fp16.json"), cwd=repo,
                          shell=True, env=env(PYTHONPATH=str(repo)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)
