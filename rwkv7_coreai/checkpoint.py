@@ -270,5 +270,75 @@ def load_checkpoint(src: str | Path, dtype: torch.dtype | None = None) -> tuple[
     return ck.geometry, sd
 
 
+SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+READ_CHUNK = 16 << 20  # bytes read at a time when streaming a tensor
+
+
+def _safetensors_header(f: Path) -> tuple[dict, int]:
+    """(header entries without ``__metadata__``, offset where the data starts) of a safetensors file."""
+    fix = "re-download the file; it is truncated or corrupted"
+    try:
+        with open(f, "rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(size))
+    except (OSError, ValueError) as exc:
+        raise PipelineError(f, f"cannot read safetensors header ({exc})", fix) from None
+    if not isinstance(header, dict):
+        raise PipelineError(f, "safetensors header is not an object", fix)
+    header.pop("__metadata__", None)
+    return header, 8 + size
+
+
+def _read_into(fh, f: Path, name: str, entry: dict, start: int, out: torch.Tensor) -> None:
+    """Fill ``out`` (the target dtype) from one tensor of an open safetensors file, READ_CHUNK
+    bytes at a time: each chunk is checked in its stored dtype (:func:`check_values`), then cast."""
+    src = SAFETENSORS_DTYPES[entry["dtype"]]
+    begin, end = entry["data_offsets"]
+    flat, item = out.view(-1), torch.empty((), dtype=src).element_size()
+    if (end - begin) != flat.numel() * item:
+        raise PipelineError(f, f"tensor {name} has {end - begin} bytes for shape {entry['shape']}",
+                            "re-download the file; it is truncated or corrupted")
+    step = max(READ_CHUNK // item, 1)
+    buf = torch.empty(min(step, flat.numel()) * item, dtype=torch.uint8)
+    fh.seek(start + begin)
+    for at in range(0, flat.numel(), step):
+        n = min(step, flat.numel() - at)
+        if fh.readinto(buf[:n * item].numpy()) != n * item:
+            raise PipelineError(f, f"tensor {name} is cut short", "re-download the file; it is truncated")
+        chunk = buf[:n * item].view(src)
+        if chunk.numel() and not all(torch.isfinite(x) for x in torch.aminmax(chunk)):
+            with safe_open(f, framework="pt") as whole:  # rare: the whole tensor for the exact message
+                check_values(f, name, whole.get_tensor(name))
+        flat[at:at + n].copy_(chunk)
+
+
+def stream_checkpoint(src: str | Path, dtype: torch.dtype) -> tuple[Geometry, Iterator[tuple[str, torch.Tensor]]]:
+    """Geometry and the normalised weights as (name, tensor) pairs in ``dtype``, one tensor at a
+    time: for a directory holding one split-layout ``model.safetensors`` (the source stage's
+    output) each tensor is read straight from the file into ``dtype`` — never a whole fp32 copy
+    of the checkpoint. Names and shapes are checked (as :func:`normalize` does) before any data is
+    read. Any other layout goes through :func:`read_checkpoint` and is cast tensor by tensor."""
+    src = Path(src)
+    files = weight_files(src)
+    if not (src.is_dir() and len(files) == 1 and files[0].suffix == ".safetensors" and shard_index(src) is None):
+        ck = read_checkpoint(src)
+        return ck.geometry, ((k, v.to(dtype)) for k, v in ck.tensors.items())
+    f = files[0]
+    header, start = _safetensors_header(f)
+    if detect_layout(header) != "fla-split" or any(e.get("dtype") not in SAFETENSORS_DTYPES for e in header.values()):
+        ck = read_checkpoint(src)
+        return ck.geometry, ((k, v.to(dtype)) for k, v in ck.tensors.items())
+    geom = load_geometry(src)
+    meta = normalize({k: torch.empty(e["shape"], device="meta") for k, e in header.items()}, geom, f)
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        with open(f, "rb") as fh:
+            for name, like in meta.items():
+                out = torch.empty(like.shape, dtype=dtype)
+                _read_into(fh, f, name, header[name], start, out)
+                yield name, out
+    return geom, tensors()
+
+
 def save_normalized(sd: Mapping[str, torch.Tensor], path: Path) -> None:
     save_file({k: v.contiguous() for k, v in sd.items()}, str(path), metadata={"format": "pt"})

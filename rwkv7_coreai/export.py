@@ -7,10 +7,20 @@ layers and the converter stores every weight once — and staged on ONE converte
 records each function (role, inputs and outputs with shapes, states, writes per state per call,
 quantised weights), the prefill chunk, the quantisation plan (one plan: it applies to every
 function), the bundle size with and without the prefill function, and the toolchain.
+
+Memory: the weights are read one tensor at a time straight into the recipe's dtype onto a
+module built on the meta device, a quantised recipe quantises each linear as soon as it is read,
+and the conversion frees each torch weight once its Core AI constant holds it; the glibc heap is
+trimmed between phases. ``size_bytes_decode_only`` needs a second conversion of the decode
+function alone: above ``DECODE_ONLY_MAX_PARAMS`` parameters it is skipped and recorded as null.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
+import math
 import tempfile
 import time
 from dataclasses import dataclass
@@ -19,11 +29,12 @@ from pathlib import Path
 import torch
 
 from . import quantize, stage, toolchain
-from .checkpoint import load_checkpoint
+from .checkpoint import stream_checkpoint
 from .entrypoints import DECODE, ENTRY_POINTS, STATE_NAMES, EntryPoint, by_role
 from .errors import PipelineError, main_guard
-from .export_graph import PREFILL_CHUNK, build_decode
+from .export_graph import PREFILL_CHUNK, RWKV7Decode, build_decode
 from .fsutil import atomic_path, dumps_json, tree_manifest
+from .geometry import expected_shapes
 from .paths import bundle_name
 from .records import EXPORT
 
@@ -31,6 +42,36 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16}
 # fixed creation date in metadata.json: a rebuild with identical inputs should not differ by "now"
 REPRODUCIBLE_EPOCH = 0.0
 QUANTIZED_WEIGHT_OP = "coreai.constexpr_blockwise_shift_scale"  # a coreai-opt quantised weight in the graph
+# Above this many parameters the decode-only conversion behind size_bytes_decode_only (a second
+# conversion: twice the time and a second copy of the weights) is skipped; it is recorded as null.
+DECODE_ONLY_MAX_PARAMS = 50_000_000
+
+
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+MMAP_THRESHOLD = 1 << 20
+
+
+def _glibc():
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: the heap is the allocator's business
+        return None
+
+
+def trim_heap() -> None:
+    """Collect garbage and hand freed heap memory back to the OS (glibc ``malloc_trim``), so that
+    one phase's freed buffers do not stay in the resident set through the next."""
+    gc.collect()
+    if (libc := _glibc()) is not None:
+        libc.malloc_trim(0)
+
+
+def map_large_allocations() -> None:
+    """glibc: serve every allocation from 1 MiB up with its own mapping, so that a weight freed
+    during conversion goes back to the OS at once. (By default the threshold climbs to 32 MiB
+    as large buffers are freed, and freed weights then stay in the heap as holes.)"""
+    if (libc := _glibc()) is not None:
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
 def example_inputs() -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,10 +128,12 @@ def trace(entry: EntryPoint, decode: torch.nn.Module, chunk: int) -> Traced:
     return Traced(entry, ep.run_decompositions(coreai_torch.get_decomp_table()), record)
 
 
-def save_functions(traced: list[Traced], out: Path) -> None:
+def save_functions(traced: list[Traced], out: Path, release: bool = False) -> None:
     """ONE converter, one ``add_exported_program`` per function, one ``to_coreai``: a single
     ``.aimodel`` at ``out`` (weights of identical value, dtype and shape are stored once),
-    byte-reproducible (seeded by the bundle's name) with a fixed creation date."""
+    byte-reproducible (seeded by the bundle's name) with a fixed creation date. With
+    ``release``, each weight's torch storage is freed once converted (the traced module is
+    left empty; see :func:`.reproducible.constants_released`)."""
     import coreai_torch
     from coreai.authoring.asset import AIModelAsset
 
@@ -102,7 +145,13 @@ def save_functions(traced: list[Traced], out: Path) -> None:
             converter.add_exported_program(t.program, input_names=list(t.entry.inputs),
                                            output_names=list(t.entry.outputs), state_names=list(t.entry.states),
                                            entrypoint_name=t.entry.name)
-        converter.to_coreai().save_asset(out)
+        with reproducible.constants_released() if release else contextlib.nullcontext():
+            program = converter.to_coreai()
+        del converter
+        trim_heap()
+        program.save_asset(out)
+        del program
+    trim_heap()
     AIModelAsset.load(out).update_metadata(lambda m: setattr(m, "creation_date", REPRODUCIBLE_EPOCH))
 
 
@@ -110,21 +159,32 @@ def bundle_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
-def convert(module: torch.nn.Module, out: Path, chunk: int = PREFILL_CHUNK) -> dict:
+def parameter_count(module: RWKV7Decode) -> int:
+    """The model's weights, from its geometry (a quantised module's parameters hide some)."""
+    return sum(math.prod(shape) for shape in expected_shapes(module.g).values())
+
+
+def convert(module: torch.nn.Module, out: Path, chunk: int = PREFILL_CHUNK, decode_only: bool = True,
+            release: bool = False) -> dict:
     """Every entry point of ``module`` (the decode module, quantised or not) into ONE ``.aimodel``
     at ``out``. Returns ``functions``: name -> the trace's record plus the function's inputs,
     outputs and states (name, shape, dtype) as the saved bundle describes them, and
     ``tokens_per_call``; and ``size_bytes_decode_only``: the same conversion of the decode
     function alone (in a temporary directory beside ``out``), so export.json shows what the
-    prefill function adds — a few graph ops if the weights are stored once."""
+    prefill function adds — a few graph ops if the weights are stored once. That second
+    conversion runs only if ``decode_only``, else the value is None. ``release`` frees the
+    module's weights as they are converted (it is empty afterwards)."""
     from .coreai_runtime import bundle_signature
 
     traced = [trace(e, module, chunk) for e in ENTRY_POINTS]
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".decode-only-") as tmp:
-        alone = Path(tmp) / out.name
-        save_functions([t for t in traced if t.entry.role == DECODE], alone)
-        decode_only = bundle_bytes(alone)
-    save_functions(traced, out)
+    trim_heap()
+    size_decode_only = None
+    if decode_only:
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=".decode-only-") as tmp:
+            alone = Path(tmp) / out.name
+            save_functions([t for t in traced if t.entry.role == DECODE], alone)
+            size_decode_only = bundle_bytes(alone)
+    save_functions(traced, out, release=release)
     signature = bundle_signature(out)
     if sorted(signature) != sorted(t.entry.name for t in traced):
         raise PipelineError(out, f"holds functions {sorted(signature)}, not the {len(traced)} staged "
@@ -134,7 +194,7 @@ def convert(module: torch.nn.Module, out: Path, chunk: int = PREFILL_CHUNK) -> d
     for t in traced:
         sig = signature[t.entry.name]
         functions[t.entry.name] = {**t.record, **sig, "tokens_per_call": sig["inputs"][0]["shape"][-1]}
-    return {"functions": functions, "size_bytes_decode_only": decode_only}
+    return {"functions": functions, "size_bytes_decode_only": size_decode_only}
 
 
 def check_quantized(functions: dict, layers: list[dict], recipe_name: str) -> None:
@@ -147,28 +207,41 @@ def check_quantized(functions: dict, layers: list[dict], recipe_name: str) -> No
                                 "over the one quantised module (entrypoints.ENTRY_POINTS)")
 
 
+def load_module(source_dir: Path, dtype: torch.dtype, q: dict | None, recipe_name: str) -> tuple[RWKV7Decode, list[dict]]:
+    """The decode module read from ``source_dir`` one tensor at a time in ``dtype`` and, for a
+    quantised recipe, the plan: each planned linear is quantised as soon as its weight is read
+    (the decode module is quantised FIRST: every entry point is then built over it)."""
+    geom, weights = stream_checkpoint(source_dir, dtype)
+    if not q:
+        return build_decode(weights, geom, dtype), []
+    with torch.device("meta"):
+        layers = quantize.plan(RWKV7Decode(geom, dtype), q, str(dtype).removeprefix("torch."))
+    chosen = set(quantize.chosen(layers, q, recipe_name))
+    module = build_decode(weights, geom, dtype,
+                          lambda name, linear: quantize.quantize_linear(linear, q) if name in chosen else linear)
+    quantize.check_done(module, sorted(chosen))
+    trim_heap()
+    return module, layers
+
+
 def export_recipe(source_dir: Path, recipe_name: str, recipe: dict, bundle: str, out_dir: Path,
                   chunk: int = PREFILL_CHUNK) -> dict:
     if recipe.get("dtype") not in DTYPES:
         raise PipelineError(f"recipe {recipe_name}", f"dtype {recipe.get('dtype')!r} is not supported",
                             f"use one of {sorted(DTYPES)}")
     dtype = DTYPES[recipe["dtype"]]
-    t0 = time.perf_counter()
-    geom, weights = load_checkpoint(source_dir)
-    module = build_decode(weights, geom, dtype)
-    del weights
-    layers: list[dict] = []
     q = recipe.get("quantize")
-    if q:
-        if dtype != torch.float16:
-            raise PipelineError(f"recipe {recipe_name}", "weight quantisation is only supported on a float16 graph",
-                                "set dtype: float16 for a quantised recipe")
-        # quantise the decode module FIRST: every entry point is then built over it
-        module, layers = quantize.apply(module, q, recipe["dtype"], example_inputs(), recipe_name)
+    if q and dtype != torch.float16:
+        raise PipelineError(f"recipe {recipe_name}", "weight quantisation is only supported on a float16 graph",
+                            "set dtype: float16 for a quantised recipe")
+    t0 = time.perf_counter()
+    map_large_allocations()
+    module, layers = load_module(source_dir, dtype, q, recipe_name)
     with atomic_path(out_dir, directory=True) as tmp:
         aimodel = tmp / f"{bundle}.aimodel"
         try:
-            converted = convert(module, aimodel, chunk)
+            converted = convert(module, aimodel, chunk, release=True,
+                                decode_only=parameter_count(module) <= DECODE_ONLY_MAX_PARAMS)
         except PipelineError:
             raise
         except Exception as exc:  # noqa: BLE001 - the converter raises many types
@@ -185,12 +258,13 @@ def export_recipe(source_dir: Path, recipe_name: str, recipe: dict, bundle: str,
             # every function has these names and states (their shapes per function are in `functions`)
             "inputs": [t["name"] for t in decode["inputs"]], "outputs": [t["name"] for t in decode["outputs"]],
             "states": {t["name"]: t["shape"] for t in decode["states"]},
-            "state_dtype": recipe["dtype"], "geometry": geom.as_dict(),
+            "state_dtype": recipe["dtype"], "geometry": module.g.as_dict(),
             # ONE plan: every function is built over the same quantised module (see functions.*.quantized_weights)
             "quantization_applies_to": sorted(functions) if q else [],
             "quantized": [r for r in layers if r["action"].startswith("int")],
             "kept": [r for r in layers if not r["action"].startswith("int")],
             "size_bytes": sum(f["size"] for f in files.values()),
+            # null above DECODE_ONLY_MAX_PARAMS parameters (a second conversion would be needed)
             "size_bytes_decode_only": converted["size_bytes_decode_only"], "files": files,
             "toolchain": toolchain.versions(),
         }
@@ -207,9 +281,10 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     rec = export_recipe(Path(ns.source), ns.recipe, s["recipes"][ns.recipe],
                         bundle_name(s["models"][ns.model], ns.recipe), Path(ns.out), s["prefill"]["chunk"])
-    stage.log.info("export %s/%s: %s, %.1f MB (%.1f MB without prefill) in %.1f s, peak RSS %.0f MB; "
-                   "functions %s; quantised %d linears, kept %d", ns.model, ns.recipe, rec["bundle"],
-                   rec["size_bytes"] / 1e6, rec["size_bytes_decode_only"] / 1e6, time.perf_counter() - t0,
+    alone = rec["size_bytes_decode_only"]
+    stage.log.info("export %s/%s: %s, %.1f MB (%s without prefill) in %.1f s, peak RSS %.0f MB; "
+                   "functions %s; quantised %d linears, kept %d", ns.model, ns.recipe, rec["bundle"], rec["size_bytes"] / 1e6,
+                   "not measured" if alone is None else f"{alone / 1e6:.1f} MB", time.perf_counter() - t0,
                    stage.rss_mb(), ", ".join(f"{n} ({f['tokens_per_call']} tok/call)" for n, f in rec["functions"].items()),
                    len(rec["quantized"]), len(rec["kept"]))
     for row in rec["kept"] + rec["quantized"]:

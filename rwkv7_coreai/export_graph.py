@@ -24,14 +24,14 @@ recurrence for T = 1 (decode), the exact chunked form of :mod:`.chunked` for T >
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Callable, Iterable, Mapping
 
 import torch
 from torch import nn
 
 from . import chunked
 from .entrypoints import INPUT_NAMES, OUTPUT_NAMES, STATE_NAMES  # noqa: F401 - re-exported
-from .geometry import Geometry
+from .geometry import MIXERS, Geometry
 
 NEG_EXP_HALF = -math.exp(-0.5)
 PREFILL_CHUNK = 64  # tokens per prefill call (static); a prompt's tail shorter than it goes through decode
@@ -52,7 +52,7 @@ class Attn(nn.Module):
     def __init__(self, g: Geometry, layer: int):
         super().__init__()
         C, H, N = g.hidden, g.heads, g.head_dim
-        for m in "rwkvag":
+        for m in MIXERS:
             self.register_parameter(f"x_{m}", nn.Parameter(torch.zeros(1, 1, C)))
         self.k_k = nn.Parameter(torch.zeros(C))
         self.k_a = nn.Parameter(torch.zeros(C))
@@ -100,7 +100,7 @@ class Block(nn.Module):
             x = self.pre_norm(x)
         h = self.attn_norm(x)
         d = token_shift(att_prev, h) - h
-        xr, xw, xk, xv, xa, xg = (h + d * getattr(at, f"x_{m}").reshape(1, -1) for m in "rwkvag")
+        xr, xw, xk, xv, xa, xg = (h + d * getattr(at, f"x_{m}").reshape(1, -1) for m in MIXERS)
         r, k, v = at.r_proj(xr), at.k_proj(xk), at.v_proj(xv)
         logw = NEG_EXP_HALF * torch.sigmoid(at.w_lora(xw).to(wide(x.dtype)))
         if self.layer == 0:
@@ -231,11 +231,34 @@ def prefill_example_inputs(chunk: int = PREFILL_CHUNK) -> tuple[torch.Tensor, to
     return torch.zeros(1, chunk, dtype=torch.int32), torch.arange(chunk, dtype=torch.int32).reshape(1, chunk)
 
 
-def build_decode(weights: Mapping[str, torch.Tensor], g: Geometry, dtype: torch.dtype) -> RWKV7Decode:
-    """The decode module with the (normalised, HF-named) weights loaded strictly."""
-    module = RWKV7Decode(g, dtype)
-    state = {k: v.to(dtype) for k, v in weights.items()}
-    state["recState"] = module.recState
-    state["shiftState"] = module.shiftState
-    module.load_state_dict(state, strict=True, assign=True)
+def build_decode(weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], g: Geometry,
+                 dtype: torch.dtype, each_linear: Callable[[str, nn.Linear], nn.Module] | None = None) -> RWKV7Decode:
+    """The decode module with the (normalised, HF-named) weights loaded strictly.
+
+    The module is built on the meta device and each weight is assigned as it comes (a mapping,
+    or (name, tensor) pairs such as :func:`.checkpoint.stream_checkpoint` yields), cast to
+    ``dtype`` (no copy if it has it already): no random init, no second copy of the model.
+    ``each_linear(name, linear)``, if given, is called as soon as a Linear's weights are all in
+    and returns the module to put in its place (e.g. the linear quantised) before more is read.
+    """
+    with torch.device("meta"):
+        module = RWKV7Decode(g, dtype)
+    module.register_buffer("recState", torch.zeros(module.recState.shape, dtype=dtype))
+    module.register_buffer("shiftState", torch.zeros(module.shiftState.shape, dtype=dtype))
+    linears = {name for name, mod in module.named_modules() if isinstance(mod, nn.Linear)}
+    for name, tensor in (weights.items() if isinstance(weights, Mapping) else weights):
+        owner, _, leaf = name.rpartition(".")
+        try:
+            parent = module.get_submodule(owner)
+        except AttributeError:
+            parent = None
+        result = None if parent is None else parent.load_state_dict({leaf: tensor.to(dtype)}, strict=False, assign=True)
+        if parent is None or result.unexpected_keys:
+            raise KeyError(f"unexpected weight {name}")
+        if each_linear is not None and owner in linears and not any(t.is_meta for t in parent.parameters()):
+            parent_name, _, attr = owner.rpartition(".")
+            setattr(module.get_submodule(parent_name), attr, each_linear(owner, parent))
+    missing = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if t.is_meta]
+    if missing:
+        raise KeyError(f"missing weights {missing[:3]} ({len(missing)} in all)")
     return module.eval()

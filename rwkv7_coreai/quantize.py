@@ -45,6 +45,10 @@ def plan(module: nn.Module, q: dict, dtype_name: str) -> list[dict]:
     return rows
 
 
+QUANT_CHUNK_WEIGHTS = 1 << 22   # a linear with more weights is quantised in slices of rows
+DEQUANT_BUFFERS = ("quantized_data", "scale", "zero_point", "minval")  # coreai-torch's WeightDequantizeModule
+
+
 def _op_config(q: dict) -> dict:
     return {"op_state_spec": {"weight": {
         "dtype": f"int{q['bits']}", "qscheme": "symmetric_with_clipping",
@@ -52,30 +56,89 @@ def _op_config(q: dict) -> dict:
         "op_input_spec": None, "op_output_spec": None}
 
 
-def apply(module: nn.Module, q: dict, dtype_name: str, example_inputs: tuple,
-          recipe_name: str = "?") -> tuple[nn.Module, list[dict]]:
-    """Quantise ``module`` per recipe; returns the finalised module and the plan."""
-    from coreai_opt import ExportBackend
-    from coreai_opt.quantization import Quantizer, QuantizerConfig
-
-    rows = plan(module, q, dtype_name)
-    chosen = [r["layer"] for r in rows if r["action"].startswith("int")]
-    if not chosen:
+def chosen(rows: list[dict], q: dict, recipe_name: str = "?") -> list[str]:
+    """The layers the plan quantises; a plan that quantises nothing is an error."""
+    names = [r["layer"] for r in rows if r["action"].startswith("int")]
+    if not names:
         widths = sorted({r["shape"][1] for r in rows})
         raise PipelineError(f"recipe {recipe_name}", f"quantize.include {q['include']} matches no linear layer that "
                             f"can be quantised (input widths {widths[:6]}, block {q['block_size']})",
                             f"fix recipes/{recipe_name}/quantize: include/exclude patterns or block_size")
-    cfg = QuantizerConfig.from_dict({"quantization_config": {
+    return names
+
+
+def _quantizer(module: nn.Module, names: Iterable[str], q: dict):
+    from coreai_opt.quantization import Quantizer, QuantizerConfig
+
+    return Quantizer(module, QuantizerConfig.from_dict({"quantization_config": {
         "execution_mode": "eager", "global_config": None, "module_type_configs": {},
-        "module_name_configs": {re.escape(name): _op_config(q) for name in chosen}}})
-    quantizer = Quantizer(module, cfg)
+        "module_name_configs": {re.escape(name): _op_config(q) for name in names}}}))
+
+
+def _finalize(module: nn.Module, names: Iterable[str], q: dict, example_inputs: tuple) -> nn.Module:
+    from coreai_opt import ExportBackend
+
+    quantizer = _quantizer(module, names, q)
     with torch.no_grad():
         prepared = quantizer.prepare(example_inputs=example_inputs)
-        final = quantizer.finalize(prepared, backend=ExportBackend.CoreAI)
-    done = sorted(n for n, m in final.named_modules()
-                  if isinstance(m, nn.Linear) and hasattr(m, "parametrizations"))
-    if done != sorted(chosen):
-        raise PipelineError("coreai-opt", f"quantised {len(done)} layers, the plan had {len(chosen)} "
-                            f"(difference: {sorted(set(done) ^ set(chosen))[:3]})",
+        return quantizer.finalize(prepared, backend=ExportBackend.CoreAI)
+
+
+def check_done(module: nn.Module, names: list[str]) -> None:
+    """coreai-opt quantised exactly the planned layers (it skips some silently)."""
+    done = sorted(n for n, m in module.named_modules() if isinstance(m, nn.Linear) and hasattr(m, "parametrizations"))
+    if done != sorted(names):
+        raise PipelineError("coreai-opt", f"quantised {len(done)} layers, the plan had {len(names)} "
+                            f"(difference: {sorted(set(done) ^ set(names))[:3]})",
                             "pin coreai-opt==0.4.0 or adjust the recipe")
+
+
+class _Holder(nn.Module):
+    """A linear alone under the name ``linear``: what :func:`quantize_linear` hands coreai-opt."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.linear = linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+def _quantize_alone(linear: nn.Linear, q: dict) -> nn.Linear:
+    holder = _Holder(linear)
+    example = (torch.zeros(1, linear.in_features, dtype=linear.weight.dtype),)
+    return _finalize(holder, ["linear"], q, example).linear
+
+
+def quantize_linear(linear: nn.Linear, q: dict) -> nn.Linear:
+    """One linear quantised on its own, so that a model can be quantised while it is read and
+    no dense copy of it is held (coreai-opt's finalize frees the dense weight). Weight-only and
+    per block along the input axis, each output row is quantised on its own: a linear of more
+    than QUANT_CHUNK_WEIGHTS weights goes through coreai-opt in slices of rows (its temporaries
+    take ~12 bytes per weight) and the slices' quantised data and scales are concatenated —
+    the same values as in one piece."""
+    rows = max(1, QUANT_CHUNK_WEIGHTS // linear.in_features)
+    if linear.out_features <= rows or q["axis"] != 1:
+        return _quantize_alone(linear, q)
+    pieces = []
+    for at in range(0, linear.out_features, rows):
+        piece = nn.Linear(linear.in_features, min(rows, linear.out_features - at), bias=False, device="meta")
+        piece.weight = nn.Parameter(linear.weight.detach()[at:at + rows].clone())
+        pieces.append(_quantize_alone(piece, q))
+    first, slices = pieces[0], [p.parametrizations.weight[0] for p in pieces]
+    for name in DEQUANT_BUFFERS:
+        if getattr(slices[0], name) is not None:
+            setattr(slices[0], name, torch.cat([getattr(d, name) for d in slices]))
+    first.out_features, first.bias = linear.out_features, linear.bias
+    return first
+
+
+def apply(module: nn.Module, q: dict, dtype_name: str, example_inputs: tuple,
+          recipe_name: str = "?") -> tuple[nn.Module, list[dict]]:
+    """Quantise the whole ``module`` per recipe; returns the finalised module and the plan.
+    (The export stage quantises each linear as it is read instead: :func:`quantize_linear`.)"""
+    rows = plan(module, q, dtype_name)
+    names = chosen(rows, q, recipe_name)
+    final = _finalize(module, names, q, example_inputs)
+    check_done(final, names)
     return final, rows

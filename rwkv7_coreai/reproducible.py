@@ -28,6 +28,12 @@ What made two builds of identical weights differ, and what removes it:
   :func:`canonicalize_function_table` moves the tables so that the vector is in name order, which
   is byte for byte what coreai writes when it happens to pick that order.
 
+Memory, not bytes: ``save_asset`` hashes ``main.mlirb`` into ``main.hash`` after reading the whole
+file into one ``bytes`` (a second copy of the bundle while the IR is still alive); within
+:func:`export_scope` the file it reads back is hashed in chunks instead (same digest).
+:func:`constants_released` lets a conversion free each weight's torch storage
+as soon as coreai-torch has copied it into a constant (the bundle does not change; see there).
+
 ``tests/test_reproducible.py`` checks every assumption listed in :data:`ASSUMPTIONS` against the
 installed coreai and fails with its text when an upgrade breaks one.
 """
@@ -36,12 +42,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import importlib
 import importlib.util
 import inspect
 import io
 import logging
 import os
+import pathlib
 import random
 import re
 import uuid
@@ -59,6 +67,7 @@ ASSET = "coreai.authoring.asset"
 CHOICE_SITES = ("coreai.authoring.graph_builder", "coreai.authoring.func", "coreai.authoring.metal")
 DEBUGINFO_OPS = "coreai._compiler.dialects.debuginfo.ops"
 EXTERNALIZE = "coreai_torch.externalize"
+CONVERTER = "coreai_torch.converter"
 
 # (assumption, check) pairs: what the patches rely on; each check returns True when it holds.
 ASSUMPTIONS: list[tuple[str, Callable[[], bool]]] = []
@@ -112,6 +121,14 @@ def _bytecode_writer() -> bool:
             and save.index("self._save_bytecode(") < save.index("hashlib.sha256(bytecode)"))
 
 
+@assumption(f"{ASSET}.AIProgram.save_asset reads main.mlirb back with `bytecode = bytecode_path.read_bytes()` "
+            "only to hash it with the module-level hashlib: `hashlib.sha256(bytecode).digest()`")
+def _bytecode_hashed() -> bool:
+    save = re.sub(r"#.*", "", _source(_mod(ASSET).AIProgram.save_asset))  # code only
+    return (_mod(ASSET).hashlib is hashlib and "bytecode = bytecode_path.read_bytes()" in save
+            and "hashlib.sha256(bytecode).digest()" in save and len(re.findall(r"\bbytecode\b", save)) == 2)
+
+
 @assumption(f"{ASSET} writes MLIR bytecode version 6 (the layout canonicalize_resource_names parses)")
 def _bytecode_version() -> bool:
     return _mod(ASSET)._CURRENT_BYTECODE_VERSION == 6
@@ -126,6 +143,20 @@ def _odix_writer() -> bool:
             and "module=module" in src[src.find("serialize_module_to_odix("):])
 
 
+@assumption(f"{CONVERTER}.TorchConverter._handle_placeholder_op(node) turns a weight placeholder into "
+            "self._values_map[target] = self._constant_from_tensor(<the tensor in one of its three maps>), a "
+            "coreai.ConstantOp whose `value` attribute holds a copy of the data; get_target is module-level")
+def _placeholder_copies() -> bool:
+    conv = _mod(CONVERTER)
+    placeholder = _source(conv.TorchConverter._handle_placeholder_op)
+    constant = _source(conv.TorchConverter._constant_from_tensor)
+    return (callable(getattr(conv, "get_target", None))
+            and all(f"self._values_map[target] = self._constant_from_tensor(\n                self.{m}[target]"
+                    in placeholder for m in ("_constants_map", "_parameters_map", "_buffers_map"))
+            and "create_elements_attr(" in constant
+            and constant.rstrip().endswith("return coreai.ConstantOp(value=value_attr).result"))
+
+
 def _changed(what: str) -> PipelineError:
     from . import toolchain
 
@@ -135,9 +166,9 @@ def _changed(what: str) -> PipelineError:
 
 
 @contextlib.contextmanager
-def _swap(module: str, name: str, make: Callable[[object], object]) -> Iterator[None]:
-    """Replace ``module.name`` by ``make(original)`` until the block exits."""
-    mod = _mod(module)
+def _swap(module: str | object, name: str, make: Callable[[object], object]) -> Iterator[None]:
+    """Replace ``module.name`` (a module's name, or any object) by ``make(original)`` until the block exits."""
+    mod = _mod(module) if isinstance(module, str) else module
     if not hasattr(mod, name):
         raise _changed(f"{module}.{name} no longer exists")
     original = getattr(mod, name)
@@ -326,6 +357,36 @@ def canonicalize_resource_names(path: Path) -> int:
     return changed
 
 
+# --- main.hash without a second copy of main.mlirb -------------------------------------------
+
+HASH_CHUNK = 16 << 20
+
+
+class _Unread:
+    """What ``read_bytes`` gives back for a ``main.mlirb`` written within :func:`export_scope`:
+    the file, unread, which :class:`_ChunkedHashlib` hashes in chunks."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+
+class _ChunkedHashlib:
+    """``hashlib`` as ``coreai.authoring.asset`` sees it within :func:`export_scope`."""
+
+    def __getattr__(self, name: str):
+        return getattr(hashlib, name)
+
+    @staticmethod
+    def sha256(data=b""):
+        if not isinstance(data, _Unread):
+            return hashlib.sha256(data)
+        digest = hashlib.sha256()
+        with open(data.path, "rb") as fh:
+            while chunk := fh.read(HASH_CHUNK):
+                digest.update(chunk)
+        return digest
+
+
 # --- ODIX: canonical register resets ----------------------------------------------------------
 
 def _is_zero_reset(op) -> bool:
@@ -451,12 +512,15 @@ def _function_names(module) -> list[str]:
 @contextlib.contextmanager
 def export_scope(seed: str) -> Iterator[None]:
     """Within the block, a coreai-torch conversion + ``save_asset`` is a function of its inputs
-    and ``seed`` (use something that names the bundle; never a path or a time)."""
+    and ``seed`` (use something that names the bundle; never a path or a time), and
+    ``save_asset`` hashes the ``main.mlirb`` it wrote in chunks rather than reading it whole."""
     _warn_swift_hashing()
     rng = random.Random(f"rwkv7-coreai export {seed}")
 
     def seeded_uuid4() -> uuid.UUID:
         return uuid.UUID(int=rng.getrandbits(128), version=4)
+
+    written: set[Path] = set()
 
     def canonical_writer(original):
         def write(module, path, dialect_version):
@@ -465,7 +529,13 @@ def export_scope(seed: str) -> Iterator[None]:
                 canonicalize_resource_names(Path(path))
             except (ValueError, IndexError) as exc:
                 raise _changed(f"main.mlirb is not the bytecode this module understands ({exc})") from None
+            written.add(Path(path))
         return write
+
+    def unread_bytecode(original):
+        def read_bytes(self):
+            return _Unread(self) if self in written else original(self)
+        return read_bytes
 
     with contextlib.ExitStack() as stack:
         for site in CHOICE_SITES:
@@ -473,6 +543,8 @@ def export_scope(seed: str) -> Iterator[None]:
         stack.enter_context(_swap_kwdefault(DEBUGINFO_OPS, "record", "record_id", rng.getrandbits(64)))
         stack.enter_context(_swap(EXTERNALIZE, "uuid4", lambda _: seeded_uuid4))
         stack.enter_context(_swap(ASSET, "_serialize_module_to_bytecode", canonical_writer))
+        stack.enter_context(_swap(ASSET, "hashlib", lambda _: _ChunkedHashlib()))
+        stack.enter_context(_swap(pathlib.Path, "read_bytes", unread_bytecode))
         yield
 
 
@@ -494,3 +566,49 @@ def lowering_scope() -> Iterator[None]:
     with _swap(ASSET, "serialize_module_to_odix", canonical_serializer):
         yield
 
+
+
+@contextlib.contextmanager
+def constants_released() -> Iterator[None]:
+    """Within the block, coreai-torch frees each weight's torch storage once it has copied it into
+    a constant, and a later use of the same tensor (the next function over the same weights) gets
+    a constant with the very same attribute: the weights are held once, in the IR, instead of
+    once in torch and once (or twice) in the IR. A weight is freed by emptying the tensor the
+    exported program holds (``tensor.data = empty``), which the module shares: use it on a module
+    nobody needs afterwards."""
+    import torch
+
+    converter = _mod(CONVERTER)
+    attrs: dict[int, object] = {}
+    keep: list = []  # the emptied tensors, so that their ids stay unique within the block
+
+    def owners(ep) -> dict[str, object]:
+        tensors = {**ep.state_dict, **ep.constants}
+        return {s.arg.name: tensors[s.target] for s in ep.graph_signature.input_specs if s.target in tensors}
+
+    def released(original):
+        def placeholder(self, node):
+            target = converter.get_target(node)
+            maps = (self._constants_map, self._parameters_map, self._buffers_map)
+            owner = owners(self.exported_program).get(target)
+            if owner is None or not any(target in m for m in maps):
+                return original(self, node)
+            if id(owner) in attrs:
+                self._values_map[target] = converter.coreai.ConstantOp(value=attrs[id(owner)]).result
+                return None
+            original(self, node)
+            attrs[id(owner)] = self._values_map[target].owner.attributes["value"]
+            keep.append(owner)
+            for m in maps:
+                m.pop(target, None)  # the converter's own view of the weight
+            owner.data = torch.empty(0, dtype=owner.dtype)
+            return None
+        return placeholder
+
+    cls = converter.TorchConverter
+    original = cls._handle_placeholder_op
+    cls._handle_placeholder_op = released(original)
+    try:
+        yield
+    finally:
+        cls._handle_placeholder_op = original

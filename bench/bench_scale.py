@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Export and AOT at scale (default: the 1.5B geometry with synthetic weights): time, peak RSS, size.
+
+    python bench/bench_scale.py [--model rwkv7-1.5b-shape] [--recipes fp16 int8keepproj]
+                                [--cache bench/out/cache] [--gate-steps N]
+
+The checkpoint is synthesised once (scripts/source.py) into ``--cache``/<model>/source and reused.
+Then per recipe, each stage in its own process as in the pipeline: export (scripts/export.py) and
+the universal AOT lowering (scripts/aot.py); with ``--gate-steps N`` also vocab + reference once
+and the gate (scripts/gate.py) for N steps. Peak RSS is the child's maximum resident set (wait4
+rusage). ``ideal`` is the bundle's weights at the recipe's precision: 2 B (fp16) or 4 B (fp32)
+per weight, and for each quantised linear bits/8 B per weight plus one fp16 scale per block
+(export.json's ``quantized`` list); the ratio shows what the format adds. Results go to stdout
+and bench/out/scale-<model>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rwkv7_coreai.geometry import Geometry, expected_shapes  # noqa: E402
+
+BYTES = {"float16": 2, "float32": 4}
+SCALE_BYTES = 2  # one fp16 scale per block of a quantised weight
+
+
+def run(args: list[str], what: str, check: bool = True) -> tuple[float, float, int]:
+    """(wall seconds, peak RSS MB, exit code) of one stage process."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds, code = time.perf_counter() - t0, os.waitstatus_to_exitcode(status)
+    if code and check:
+        sys.exit(f"error: {args[0]}: {what} failed ({proc.stderr.read().decode().strip().splitlines()[-1:]}) "
+                 f"-- fix: run it alone to see the full log")
+    return seconds, usage.ru_maxrss / 1024, code
+
+
+def ideal_bytes(record: dict) -> int:
+    """The weights of an export.json's bundle at its recipe's precision (see the module doc)."""
+    g = Geometry(**record["geometry"])
+    total = sum(math.prod(s) for s in expected_shapes(g).values())
+    per = BYTES[record["recipe_spec"]["dtype"]]
+    q = record["recipe_spec"].get("quantize") or {}
+    quantised = 0.0
+    for row in record["quantized"]:
+        n = math.prod(row["shape"])
+        total -= n
+        quantised += n * q["bits"] / 8 + n / q["block_size"] * SCALE_BYTES
+    return round(total * per + quantised)
+
+
+def source(cfg_file: Path, model: str, cache: Path) -> tuple[Path, str]:
+    src = cache / model / "source"
+    if (src / "manifest.json").is_file():
+        return src, "cached"
+    s, rss, _ = run(["scripts/source.py", "--config-file", str(cfg_file), "--model", model, "--out", str(src)], "source")
+    return src, f"{s:.0f} s, peak RSS {rss:.0f} MB"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="rwkv7-1.5b-shape")
+    ap.add_argument("--recipes", nargs="+", help="default: the model's recipes in config.yaml")
+    ap.add_argument("--config-file", type=Path, default=ROOT / "config.yaml")
+    ap.add_argument("--cache", type=Path, default=ROOT / "bench" / "out" / "cache", help="synthesised checkpoints")
+    ap.add_argument("--gate-steps", type=int, help="also run the gate for N steps (slow at 1.5B: ~1 min/step fp16)")
+    ns = ap.parse_args()
+    cfg = yaml.safe_load(ns.config_file.read_text())
+    if ns.model not in cfg["models"]:
+        sys.exit(f"error: {ns.config_file}: no model {ns.model!r} -- fix: use one of {sorted(cfg['models'])}")
+    recipes = ns.recipes or cfg["models"][ns.model]["recipes"]
+    cache = ns.cache.resolve()
+    cache.mkdir(parents=True, exist_ok=True)
+    src, made = source(ns.config_file, ns.model, cache)
+    rows, ref_s = [], None
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        tmp = Path(tmp)
+        if ns.gate_steps:
+            cfg["gate"]["steps"] = ns.gate_steps
+        conf = tmp / "config.yaml"
+        conf.write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
+        c = ["--config-file", str(conf), "--model", ns.model]
+        ref = tmp / "stream.npz"
+        if ns.gate_steps:
+            run(["scripts/vocab.py", *c, "--source", str(src), "--out", str(tmp / "vocab.tsv")], "vocab")
+            ref_s, _, _ = run(["scripts/reference.py", *c, "--source", str(src), "--vocab", str(tmp / "vocab.tsv"),
+                               "--out", str(ref)], "reference")
+        for r in recipes:
+            exp, low = tmp / "export" / r, tmp / "aot" / r
+            exp_s, exp_rss, _ = run(["scripts/export.py", *c, "--recipe", r, "--source", str(src), "--out", str(exp)],
+                                    f"export {r}")
+            record = json.loads((exp / "export.json").read_text())
+            aot_s, aot_rss, _ = run(["scripts/aot.py", *c, "--recipe", r, "--target", "universal", "--export", str(exp),
+                                     "--out", str(low)], f"aot {r}")
+            row = {"recipe": r, "export_s": round(exp_s, 1), "export_peak_rss_mb": round(exp_rss),
+                   "bundle_bytes": record["size_bytes"], "ideal_bytes": ideal_bytes(record),
+                   "rss_over_bundle": round(exp_rss * 2**20 / record["size_bytes"], 2),
+                   "aot_s": round(aot_s, 1), "aot_peak_rss_mb": round(aot_rss),
+                   "mlirb_sha256": record["files"]["main.mlirb"]["sha256"]}
+            row["bundle_over_ideal"] = round(row["bundle_bytes"] / row["ideal_bytes"], 4)
+            if ns.gate_steps:
+                gate_s, _, code = run(["scripts/gate.py", *c, "--recipe", r, "--export", str(exp), "--aot", str(low),
+                                       "--reference", str(ref), "--json", str(tmp / f"{r}.json"),
+                                       "--tsv", str(tmp / f"{r}.tsv")], f"gate {r}", check=False)
+                g = json.loads((tmp / f"{r}.json").read_text()) if (tmp / f"{r}.json").is_file() else {}
+                row.update(gate_s=round(gate_s, 1), gate_s_per_step=g.get("seconds_per_step"), gate_exit=code)
+            rows.append(row)
+            for d in (exp, low):  # a 1.5B bundle is GBs: keep one recipe on disk at a time
+                subprocess.run(["rm", "-rf", str(d)], check=True)
+    print(f"model {ns.model}, source {made}; {os.cpu_count()} cores"
+          + (f"; gate {ns.gate_steps} steps, reference {ref_s:.0f} s" if ns.gate_steps else ""))
+    print(f"{'recipe':14} {'export s':>9} {'peak RSS MB':>12} {'bundle MB':>10} {'RSS/bundle':>11} "
+          f"{'ideal MB':>9} {'/ideal':>7} {'AOT s':>7} {'AOT RSS MB':>11}" + (" gate s  s/step" if ns.gate_steps else ""))
+    for x in rows:
+        print(f"{x['recipe']:14} {x['export_s']:9.1f} {x['export_peak_rss_mb']:12d} {x['bundle_bytes'] / 1e6:10.1f} "
+              f"{x['rss_over_bundle']:11.2f} {x['ideal_bytes'] / 1e6:9.1f} {x['bundle_over_ideal']:7.4f} "
+              f"{x['aot_s']:7.1f} {x['aot_peak_rss_mb']:11d}"
+              + (f" {x['gate_s']:6.1f} {x['gate_s_per_step'] or float('nan'):7.2f}" if ns.gate_steps else ""))
+    out = ROOT / "bench" / "out" / f"scale-{ns.model}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"model": ns.model, "cores": os.cpu_count(), "gate_steps": ns.gate_steps,
+                               "recipes": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
