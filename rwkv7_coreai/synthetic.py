@@ -15,7 +15,8 @@ import torch
 
 from . import blinkdl
 from .checkpoint import save_normalized
-from .geometry import Geometry, expected_shapes
+from .geometry import MIXERS, Geometry, expected_shapes
+from .paths import WEIGHT_FILE
 from .progress import Progress
 
 LM_HEAD_GAIN = 3.0      # base logit std
@@ -76,7 +77,7 @@ def pack_mixers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if ".attn.x_" in name:
             prefix = name.rsplit(".", 1)[0]
             if prefix + ".x_x" not in out:
-                out[prefix + ".x_x"] = torch.stack([sd[f"{prefix}.x_{m}"].reshape(-1) for m in "rwkvag"])
+                out[prefix + ".x_x"] = torch.stack([sd[f"{prefix}.x_{m}"].reshape(-1) for m in MIXERS])
         else:
             out[name] = t
     return out
@@ -84,10 +85,10 @@ def pack_mixers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def write_weights(sd: dict[str, torch.Tensor], out_dir: Path, layout: str) -> Path:
     if layout == "fla-split":
-        path = out_dir / "model.safetensors"
+        path = out_dir / WEIGHT_FILE
         save_normalized(sd, path)
     elif layout == "fla-packed":
-        path = out_dir / "model.safetensors"
+        path = out_dir / WEIGHT_FILE
         save_normalized(pack_mixers(sd), path)
     elif layout == "blinkdl":
         path = out_dir / "model.pth"
