@@ -439,6 +439,11 @@ def _u32(buf: bytes | bytearray, pos: int) -> int:
     return int.from_bytes(buf[pos:pos + 4], "little")
 
 
+def _vtable_of(buf: bytes | bytearray, table: int) -> int:
+    """A FlatBuffers table starts with a signed offset back to its vtable."""
+    return table - int.from_bytes(buf[table:table + 4], "little", signed=True)
+
+
 def _function_tables(buf: bytes | bytearray, names: list[str]) -> dict[str, tuple[int, int]]:
     """``{name: (table, end)}``: each function's FlatBuffers table (soffset to a vtable, then
     two uoffsets: its name string and its index vector, both right after it) and where the
@@ -448,8 +453,8 @@ def _function_tables(buf: bytes | bytearray, names: list[str]) -> dict[str, tupl
         pattern = len(name).to_bytes(4, "little") + name.encode() + b"\0"
         hits, at = [], buf.find(pattern)
         while at >= 0:
-            for table in range(max(at - 64, 0), at if at % 4 == 0 else 0, 4):
-                vtable = table - int.from_bytes(buf[table:table + 4], "little", signed=True)
+            for table in range(max(at - 64, 0), at, 4) if at % 4 == 0 else ():  # strings are 4-aligned
+                vtable = _vtable_of(buf, table)
                 if not 0 <= vtable < len(buf) - 8 or buf[vtable:vtable + 8] != b"\x08\x00\x0c\x00\x04\x00\x08\x00":
                     continue
                 targets = [pos + _u32(buf, pos) for pos in (table + 4, table + 8)]
@@ -491,10 +496,9 @@ def canonicalize_function_table(path: Path, order: list[str]) -> bool:
         if [by_start[s] for s in slots] == names:
             return False
         blocks = {name: bytes(head[t:t + size]) for name, (t, _) in tables.items()}
+        vtables = {name: _vtable_of(head, table) for name, (table, _) in tables.items()}
         for slot, name in zip(slots, names):
-            old = tables[name][0]
-            vtable = old - int.from_bytes(blocks[name][:4], "little", signed=True)
-            head[slot:slot + size] = (slot - vtable).to_bytes(4, "little", signed=True) + blocks[name][4:]
+            head[slot:slot + size] = (slot - vtables[name]).to_bytes(4, "little", signed=True) + blocks[name][4:]
         fh.seek(0)
         fh.write(head[:starts[-1] + size])
     return True
