@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -25,6 +26,8 @@ from . import blinkdl
 from .errors import PipelineError
 from .paths import WEIGHT_FILE  # noqa: F401 - re-exported: checkpoint.WEIGHT_FILE
 from .geometry import MIXERS, Geometry, expected_shapes
+from .progress import Progress
+from .safetensors_stream import save_streamed
 
 INDEX_FILE = "model.safetensors.index.json"  # the HF sharded layout: {"weight_map": {tensor: shard file}}
 SUFFIXES = (".safetensors", ".pth")
@@ -340,5 +343,96 @@ def stream_checkpoint(src: str | Path, dtype: torch.dtype) -> tuple[Geometry, It
     return geom, tensors()
 
 
+NORMAL_METADATA = {"format": "pt"}  # the __metadata__ of a normalised model.safetensors
+
+
 def save_normalized(sd: Mapping[str, torch.Tensor], path: Path) -> None:
-    save_file({k: v.contiguous() for k, v in sd.items()}, str(path), metadata={"format": "pt"})
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(path), metadata=NORMAL_METADATA)
+
+
+def _scan_safetensors(files: list[Path], index: Mapping[str, str] | None) -> dict[str, tuple] | None:
+    """name -> (file, dtype, shape) of every tensor, from the headers alone; None if anything there
+    is off (an unreadable header, a tensor in two files or in the wrong shard, a dtype that is not
+    float32/float16/bfloat16): :func:`read_tensors` then reads the files and names the problem."""
+    refs: dict[str, tuple[Path, torch.dtype, tuple]] = {}
+    try:
+        for f in files:
+            with safe_open(f, framework="pt", backend="pread") as fh:
+                for name in fh.keys():
+                    info = fh.get_slice(name)
+                    dtype = SAFETENSORS_DTYPES.get(info.get_dtype())
+                    if name in refs or dtype is None or (index is not None and index.get(name) != f.name):
+                        return None
+                    refs[name] = (f, dtype, tuple(info.get_shape()))
+    except Exception:  # noqa: BLE001 - safetensors raises several types for bad headers
+        return None
+    return None if index is not None and set(index) - set(refs) else refs
+
+
+def _normal_parts(name: str, t: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """The normal-form tensors one fla tensor becomes (see :func:`_unpack_mixers`)."""
+    if name.endswith(".attn.x_x") and t.dim() == 2 and t.shape[0] == len(MIXERS):
+        return [(f"{name[:-len('x_x')]}x_{m}", t[row].reshape(1, 1, -1)) for row, m in enumerate(MIXERS)]
+    return [(name, t)]
+
+
+def _write_in_memory(src: Path, dst: Path) -> Checkpoint:
+    ck = read_checkpoint(src)
+    if ck.layout == "fla-split" and len(ck.weights) == 1 and ck.weights[0].suffix == ".safetensors":
+        shutil.copyfile(ck.weights[0], dst)  # already the normal form: bytes unchanged
+    else:
+        save_normalized(ck.tensors, dst)
+    return ck
+
+
+def write_normalized(src: str | Path, dst: str | Path) -> Checkpoint:
+    """Read, check and normalise ``src`` as :func:`read_checkpoint` does and write the normal form to
+    ``dst`` as :func:`save_normalized` does (a single split-layout ``.safetensors`` is copied
+    unchanged), holding one tensor at a time: names, dtypes and shapes are checked from the
+    safetensors headers before any data is read, then each tensor is read (pread, never mmap'd),
+    checked (:func:`check_values`), split if it is a packed ``attn.x_x`` and written at its place in
+    ``dst`` (:mod:`.safetensors_stream`, the bytes of ``save_file``). The returned Checkpoint's
+    tensors are on the meta device (names, shapes, dtypes). A BlinkDL ``.pth``, or a checkpoint
+    whose headers, config.json or names show a problem, is read whole by :func:`read_checkpoint`,
+    which reports it as ever."""
+    src, dst = Path(src), Path(dst)
+    files = weight_files(src)
+    index = shard_index(src) if src.is_dir() else None
+    refs = _scan_safetensors(files, index) if all(f.suffix == ".safetensors" for f in files) else None
+    if refs is None or detect_layout(refs) == "blinkdl":
+        return _write_in_memory(src, dst)
+    cfg_dir = src if src.is_dir() else src.parent
+    try:
+        geom = load_geometry(cfg_dir)
+        meta = normalize({n: torch.empty(shape, dtype=dtype, device="meta") for n, (_, dtype, shape) in refs.items()},
+                         geom, files[0] if len(files) == 1 else src)
+    except PipelineError:  # read_tensors first: a bad value is reported before a bad name, as ever
+        return _write_in_memory(src, dst)
+    layout = detect_layout(refs)
+    used = list(files) + ([src / INDEX_FILE] if index is not None else []) + [cfg_dir / "config.json"]
+    copy = layout == "fla-split" and len(files) == 1
+
+    def checked() -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor of every file, in read_tensors' order, checked, in its normal form."""
+        total = sum(torch.Size(shape).numel() * dtype.itemsize for _, dtype, shape in refs.values())
+        with Progress("normalising weights", total=total, unit="B") as bar:
+            for f in files:
+                with safe_open(f, framework="pt", backend="pread") as fh:
+                    for name in fh.keys():
+                        try:
+                            t = fh.get_tensor(name)
+                        except Exception as exc:  # noqa: BLE001 - as _file_tensors reports it
+                            raise PipelineError(f, f"cannot read safetensors ({exc})",
+                                                "re-download the file; it is truncated or corrupted") from None
+                        check_values(f, name, t)
+                        yield from _normal_parts(name, t)
+                        bar.update(t.numel() * t.element_size())
+                        del t
+
+    if copy:
+        for name, t in checked():
+            del t  # checked; nothing to write
+        shutil.copyfile(files[0], dst)  # already the normal form: bytes unchanged
+    else:
+        save_streamed(dst, {n: (t.dtype, tuple(t.shape)) for n, t in meta.items()}, checked(), NORMAL_METADATA)
+    return Checkpoint(geom, meta, layout, files, used)

@@ -8,6 +8,7 @@ commit, every file verified against its content address).
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -45,7 +46,7 @@ def _write_from_dir(src: Path, out: Path, pinned_vocab: Path) -> dict:
     """Check an HF-layout directory (or a weights file) and copy it into ``out`` with its weights
     normalised to one model.safetensors; returns manifest parts. ``upstream`` lists exactly the
     files read: the weights, the shard index, config.json and the carried files."""
-    ck = checkpoint.read_checkpoint(src)
+    ck = checkpoint.write_normalized(src, out / checkpoint.WEIGHT_FILE)  # one tensor at a time
     base = src if src.is_dir() else src.parent
     carried = [base / name for name in CARRY if (base / name).is_file()]
     if (base / "README.md").is_file():
@@ -56,10 +57,6 @@ def _write_from_dir(src: Path, out: Path, pinned_vocab: Path) -> dict:
             _copy(pinned_vocab, out / VOCAB_FILE)  # the same tokens; keep the pinned bytes
         else:
             _copy(f, out / f.name)
-    if ck.layout == "fla-split" and len(ck.weights) == 1 and ck.weights[0].suffix == ".safetensors":
-        _copy(ck.weights[0], out / checkpoint.WEIGHT_FILE)  # already the normal form: bytes unchanged
-    else:
-        checkpoint.save_normalized(ck.tensors, out / checkpoint.WEIGHT_FILE)
     if not (out / "config.json").is_file():
         (out / "config.json").write_text(dumps_json(ck.geometry.to_hf_config()))
     return {"upstream": _manifest_of(ck.inputs + carried, base), "layout": ck.layout,
@@ -68,9 +65,14 @@ def _write_from_dir(src: Path, out: Path, pinned_vocab: Path) -> dict:
 
 def _write_synthetic(spec: dict, vocab_cfg: dict, out: Path, license_: str) -> dict:
     geom = Geometry(**spec["shape"]).check("config.yaml")
-    sd = synthetic.synthetic_state_dict(geom, spec["seed"])
     layout = spec.get("layout", "fla-split")
-    synthetic.write_weights(sd, out, layout)
+    if layout == "fla-split":
+        synthetic.write_synthetic(geom, spec["seed"], out, layout)
+    else:  # written in that layout, then normalised as a path source is: one tensor at a time
+        with tempfile.TemporaryDirectory(prefix=".raw.", dir=out) as raw:
+            synthetic.write_synthetic(geom, spec["seed"], Path(raw), layout)
+            (Path(raw) / "config.json").write_text(dumps_json(geom.to_hf_config()))
+            checkpoint.write_normalized(Path(raw), out / checkpoint.WEIGHT_FILE)
     (out / "config.json").write_text(dumps_json(geom.to_hf_config()))
     _copy(_pinned_vocab(vocab_cfg), out / VOCAB_FILE)
     (out / "tokenizer_config.json").write_text(dumps_json({
@@ -91,12 +93,6 @@ def build_source(model_name: str, model_cfg: dict, vocab_cfg: dict, out: Path) -
         if kind == "synthetic":
             parts = _write_synthetic(spec, vocab_cfg, tmp, model_cfg.get("license", "apache-2.0"))
             uri, revision = f"synthetic://{model_name}?seed={spec['seed']}", None
-            # the normal form is what was written: keep one layout for the stages after us
-            if parts["layout"] != "fla-split":
-                geom, sd = checkpoint.load_checkpoint(tmp)
-                for f in checkpoint.weight_files(tmp):
-                    f.unlink()
-                checkpoint.save_normalized(sd, tmp / checkpoint.WEIGHT_FILE)
         elif kind == "path":
             src = Path(spec["path"])
             if not src.exists():

@@ -74,3 +74,17 @@ def test_logits_are_peaked_not_degenerate(tiny_source):
     assert logits.std(dim=-1).min() > 1.0                   # not flat
     assert margins.median() > 1.0 and (margins < 0.1).float().mean() < 0.1
     assert len(set(logits.argmax(-1).tolist())) > 20        # not one token everywhere
+
+
+def test_chunked_normal_draws_what_one_call_draws(monkeypatch):
+    """synthetic._normal draws RANDN_CHUNK values per call; values and the generator state after
+    must be those of the one-call form it replaced, for every size around the chunk boundaries."""
+    from rwkv7_coreai import synthetic
+
+    monkeypatch.setattr(synthetic, "RANDN_CHUNK", 32)
+    for n in [*range(0, 100), 127, 128, 129, 1000, 4096 + 7]:
+        shape = (n,) if n % 3 else (1, n)
+        one, chunked = torch.Generator().manual_seed(n), torch.Generator().manual_seed(n)
+        want = torch.randn(shape, generator=one, dtype=torch.float64).mul(0.7).float()
+        assert torch.equal(synthetic._normal(shape, 0.7, chunked), want), n
+        assert torch.equal(torch.rand(4, generator=one), torch.rand(4, generator=chunked)), n
