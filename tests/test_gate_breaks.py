@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from rwkv7_coreai import chunked, cli, export_graph
+from rwkv7_coreai import chunked, cli, export, export_graph
 from rwkv7_coreai.aot import build_target
 from rwkv7_coreai.errors import PipelineError
 from rwkv7_coreai.export import export_recipe
@@ -30,6 +30,14 @@ PROMPTS = ["Hello, who are you?", "What is 17 times 23?"]
 STEPS = 28
 CHUNK = 16
 BUNDLE = "rwkv7-tiny-fp32"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_decode_only_conversion():
+    """These bundles only feed the gate: skip the second conversion behind size_bytes_decode_only."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(export, "DECODE_ONLY_MAX_PARAMS", 0)
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,9 @@
 """Byte-reproducible bundles and lowerings (rwkv7_coreai/reproducible.py).
 
 * every assumption the patches make about coreai's internals still holds (else: which one broke);
-* two builds of the default model in two fresh processes, other working directories, other
-  PYTHONHASHSEEDs, address randomisation on, give byte-identical files (export + lowering);
+* a build of the default model in a fresh process gives the same files (export + lowering) as
+  the `snakemake` copy's build (tests/conftest.py smk_repo): other working directories, other
+  PYTHONHASHSEEDs, address randomisation on;
 * the reproducible bundle runs exactly like an unpatched one, and each canonicalisation is
   checked against MLIR's own reader/printer on an unpatched bundle.
 """
@@ -121,33 +122,29 @@ def _unpatched_build(source: Path, recipes: dict, top: Path) -> None:
 
 @pytest.fixture(scope="module")
 def builds(tiny_source, cfg, tmp_path_factory) -> dict[str, Path]:
-    """The default model's fp32 and int8keepproj, exported and lowered: twice by the stage entry
-    points in two fresh processes (other working directories and PYTHONHASHSEEDs), and once in
-    this process with the patches off, all three at the same time."""
-    procs = {}
-    for seed in ("1", "4242"):
-        top = tmp_path_factory.mktemp(f"build-seed{seed}")
-        (top / "cwd").mkdir()
-        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
-        env.pop(reproducible.SWIFT_HASHING_ENV, None)  # the package must set it itself
-        procs[top / "out"] = subprocess.Popen(
-            [sys.executable, "-c", BUILD, str(ROOT / "config.yaml"), str(tiny_source), str(top / "out"), *RECIPES],
-            cwd=top / "cwd", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """The default model's fp32 and int8keepproj, exported and lowered: by the stage entry points
+    in a fresh process (its own working directory and PYTHONHASHSEED), and at the same time in
+    this process with the patches off."""
+    top = tmp_path_factory.mktemp("build-seed4242")
+    (top / "cwd").mkdir()
+    env = {**os.environ, "PYTHONHASHSEED": "4242", "PYTHONPATH": str(ROOT)}
+    env.pop(reproducible.SWIFT_HASHING_ENV, None)  # the package must set it itself
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BUILD, str(ROOT / "config.yaml"), str(tiny_source), str(top / "out"), *RECIPES],
+        cwd=top / "cwd", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     unpatched = tmp_path_factory.mktemp("unpatched")
     try:
         _unpatched_build(tiny_source, cfg["recipes"], unpatched)
     finally:
-        logs = {out: proc.communicate(timeout=900)[0] for out, proc in procs.items()}
-    for out, proc in procs.items():
-        assert proc.returncode == 0, logs[out][-3000:]
-        assert "metadata.json key order will vary" not in logs[out]
-    first, second = procs
-    return {"first": first, "second": second, "unpatched": unpatched}
+        log = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, log[-3000:]
+    assert "metadata.json key order will vary" not in log
+    return {"fresh": top / "out", "unpatched": unpatched}
 
 
 @pytest.fixture(scope="module")
-def two_builds(builds) -> list[Path]:
-    return [builds["first"], builds["second"]]
+def fresh(builds) -> Path:
+    return builds["fresh"]
 
 
 @pytest.fixture(scope="module")
@@ -155,23 +152,40 @@ def unpatched(builds) -> Path:
     return builds["unpatched"]
 
 
-def test_two_clean_builds_are_byte_identical(two_builds, tiny_source):
-    a, b = (tree_manifest(d) for d in two_builds)
+def test_two_clean_builds_are_byte_identical(fresh, smk_repo, tiny_source):
+    """The fresh-process build against the `snakemake --cores 1 publish` copy's (another
+    directory, PYTHONHASHSEED 11, digests recorded right after its build): every export and
+    lowering file of these recipes is the same."""
+    repo, smk = smk_repo
+    a = tree_manifest(fresh)
+    prefix = f"results/{MODEL}/"
+    other = {rel.removeprefix(prefix): digest for rel, digest in smk["outputs"].items()
+             if _recipe_of(rel.removeprefix(prefix)) in RECIPES}
     for recipe in RECIPES:
         assert f"export/{recipe}/rwkv7-tiny-{recipe}.aimodel/main.mlirb" in a
         assert f"aot/universal/{recipe}/rwkv7-tiny-{recipe}.aimodelx/main-universal.odix" in a
-    assert sorted(a) == sorted(b)
-    differing = [rel for rel in a if a[rel]["sha256"] != b[rel]["sha256"]]
+    assert sorted(a) == sorted(other)
+    differing = [rel for rel in a if a[rel]["sha256"] != other[rel]]
     assert not differing, f"files differ between two clean builds: {differing}"
     records = [rel for rel in a if Path(rel).name in ("export.json", "aot.json")]
     assert len(records) == 2 * len(RECIPES)
     for rel in records:  # ours: no absolute paths, no timings (they would differ between machines)
-        text = (two_builds[0] / rel).read_text()
-        for path in (*two_builds, tiny_source, ROOT):
+        text = (fresh / rel).read_text()
+        for path in (fresh, repo, tiny_source, ROOT):
             assert str(path) not in text, f"{rel} holds the absolute path {path}"
         keys = re.findall(r'"([^"]+)"\s*:', text)
         timed = [k for k in keys if re.search(r"(^|_)(seconds|time|timestamp|date|duration)($|_)", k, re.I)]
         assert not timed, f"{rel} holds timings: {timed}"
+
+
+def _recipe_of(rel: str) -> str | None:
+    """The recipe of a file below export/<recipe>/ or aot/universal/<recipe>/, else None."""
+    parts = rel.split("/")
+    if parts[0] == "export" and len(parts) > 2:
+        return parts[1]
+    if parts[:2] == ["aot", "universal"] and len(parts) > 3:
+        return parts[2]
+    return None
 
 
 def _bundle(root: Path, recipe: str) -> Path:
@@ -179,10 +193,10 @@ def _bundle(root: Path, recipe: str) -> Path:
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_reproducible_bundle_runs_bit_identically_to_an_unpatched_one(recipe, two_builds, unpatched):
+def test_reproducible_bundle_runs_bit_identically_to_an_unpatched_one(recipe, fresh, unpatched):
     from rwkv7_coreai.coreai_runtime import DecodeSession
 
-    ours = _bundle(two_builds[0], recipe)
+    ours = _bundle(fresh, recipe)
     theirs = _bundle(unpatched, recipe)
     names = _resource_names(ours / "main.mlirb")
     assert names == {f"resource_{i}" for i in range(len(names))}  # canonical: the patches acted
@@ -190,7 +204,7 @@ def test_reproducible_bundle_runs_bit_identically_to_an_unpatched_one(recipe, tw
     record = json.loads((ours.parent / "export.json").read_text())
     shapes = {k: tuple(v) for k, v in record["states"].items()}
     dtype = np.dtype({"float32": np.float32, "float16": np.float16}[record["state_dtype"]])
-    lowered = [two_builds[0] / "aot" / "universal" / recipe / f"{MODEL}-{recipe}.aimodelx",
+    lowered = [fresh / "aot" / "universal" / recipe / f"{MODEL}-{recipe}.aimodelx",
                unpatched / "aot" / "universal" / recipe / f"{MODEL}-{recipe}.aimodelx"]
     with DecodeSession(lowered[0], shapes, dtype) as a, DecodeSession(lowered[1], shapes, dtype) as b:
         for token in (0, 11, 4000, 65000):
@@ -273,15 +287,15 @@ def test_register_reset_canonicalisation_only_permutes_resets(recipe, unpatched,
             assert regs == sorted(regs)
 
 
-def test_function_table_order_is_a_pure_permutation(two_builds, tmp_path):
+def test_function_table_order_is_a_pure_permutation(fresh, tmp_path):
     """The .odix of a two-function bundle (main + prefill) lists its functions in either order.
     Put in the other order, the file still loads and both functions compute bit-identically;
     put back, it is byte for byte the canonical file again (name order, what the stage writes)."""
     from rwkv7_coreai.coreai_runtime import PromptSession
 
     recipe = "fp32"
-    built = two_builds[0] / "aot" / "universal" / recipe / f"{MODEL}-{recipe}.aimodelx"
-    record = json.loads((two_builds[0] / "export" / recipe / "export.json").read_text())
+    built = fresh / "aot" / "universal" / recipe / f"{MODEL}-{recipe}.aimodelx"
+    record = json.loads((fresh / "export" / recipe / "export.json").read_text())
     names = sorted(record["functions"])
     assert names == ["main", "prefill"]
     flipped = tmp_path / built.name
