@@ -216,30 +216,29 @@ def _digests(tree: Path) -> dict[str, str]:
             for p in sorted(tree.rglob("*")) if p.is_file()}
 
 
-def _degrade_int8keepproj(tree: Path) -> None:
-    """A worse bundle in the rebuilt tree, built for real by the stage entry points: int8keepproj
-    re-exported with 4-bit weights (and a gate threshold that lets it pass, so beta-watch's own
-    limits, not the gate, must catch it)."""
+def _degrade(tree: Path) -> None:
+    """A worse bundle in the rebuilt tree, built for real by the stage entry points: the fp32
+    recipe re-exported with fp16 weights (and gate thresholds that let it pass, so beta-watch's
+    own limits, not the gate, must catch it)."""
     from rwkv7_coreai import cli
     from rwkv7_coreai.paths import Layout
 
     cfg = yaml.safe_load((tree / "config.yaml").read_text())
     cfg["results"] = str(tree / "results")
-    cfg["recipes"]["int8keepproj"]["quantize"]["bits"] = 4
-    cfg["gate"]["thresholds"]["int8keepproj"]["min_agree"] = 0.0
-    cfg["gate"]["thresholds"]["int8keepproj"]["prefill_max_abs_dstate"] = None  # int4 weights: prefill state error ~0.47
+    cfg["recipes"][RECIPE]["dtype"] = "float16"
+    cfg["gate"]["thresholds"][RECIPE].update(max_abs_dlogits=None, prefill_max_abs_dstate=None)  # fp16: ~0.2, ~0.03
     conf = tree / "worse.yaml"
     conf.write_text(yaml.safe_dump(cfg))
     lay, base = Layout(tree / "results", "rwkv7-tiny"), ["--config-file", str(conf), "--model", "rwkv7-tiny",
-                                                         "--recipe", "int8keepproj"]
-    exp, aot = lay.export("int8keepproj"), lay.aot("universal", "int8keepproj")
+                                                         "--recipe", RECIPE]
+    exp, aot = lay.export(RECIPE), lay.aot("universal", RECIPE)
     assert cli.export([*base, "--source", str(lay.source), "--out", str(exp)]) == 0
     assert cli.aot([*base, "--target", "universal", "--export", str(exp), "--out", str(aot)]) == 0
     assert cli.gate([*base, "--export", str(exp), "--aot", str(aot), "--reference", str(lay.reference),
-                     "--json", str(lay.gate_json("int8keepproj")), "--tsv", str(lay.gate_tsv("int8keepproj"))]) == 0
+                     "--json", str(lay.gate_json(RECIPE)), "--tsv", str(lay.gate_tsv(RECIPE))]) == 0
 
 
-RECIPE = "int8keepproj"
+RECIPE = "fp32"  # the cheapest rebuild in the Linux runtime
 
 
 @pytest.mark.slow
@@ -249,7 +248,7 @@ def test_apply_rebuilds_exactly_the_toolchain_stages_and_reports(index, tiny_res
     url, _ = index
     t0 = time.perf_counter()
     # the baseline: a clone whose results/ is the shared tiny tree (same gate settings), building
-    # one recipe (int8keepproj: the rebuild is what costs here)
+    # one recipe (the rebuild is what costs here)
     repo = fresh_copy(tmp_path / "repo", edit=lambda cfg: cfg["models"]["rwkv7-tiny"].update(recipes=[RECIPE]))
     shutil.copytree(tiny_results, repo / "results")
     run("snakemake --cores 1 --touch publish && git commit -qam baseline", repo)  # realign file times, record in DVC
@@ -292,12 +291,12 @@ def test_apply_rebuilds_exactly_the_toolchain_stages_and_reports(index, tiny_res
         assert new_json["toolchain"][PACKAGE] == NEW and row["new"]["pass"] is True
         assert row["new"]["export_seconds"] > 0 and row["new"]["export_peak_rss_mb"] > 100
     md = (repo / f"reports/beta-{PACKAGE}-{NEW}.md").read_text()
-    assert "**no regression**" in md and "| rwkv7-tiny | int8keepproj | PASS → PASS | 40/40 → 40/40 |" in md, md
+    assert "**no regression**" in md and f"| rwkv7-tiny | {RECIPE} | PASS → PASS | 40/40 → 40/40 |" in md, md
     assert _digests(repo / "results") == baseline, "the baseline results/ must not change"
     assert str(tree) in run("git worktree list", repo).stdout  # --worktree keeps it
 
     # a worse bundle on the new side: a regression, exit 1, and the report says why
-    _degrade_int8keepproj(tree)
+    _degrade(tree)
     jobs = [beta_watch.Job.from_json(j) for j in report["jobs"]["executed"]]
     monkeypatch.setattr(beta_watch, "rebuild", lambda *a, **k: beta_watch.Rebuild(tree, jobs, sorted(jobs), [], 0, 1.0))
     monkeypatch.chdir(repo)
@@ -305,10 +304,10 @@ def test_apply_rebuilds_exactly_the_toolchain_stages_and_reports(index, tiny_res
     assert beta_watch.main(["--index-url", url, "--apply"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {repo}/reports/beta-{PACKAGE}-{NEW}.md: REGRESSION"), err
-    assert "rwkv7-tiny/int8keepproj: " in err[0] and "max|dlogits| grew" in err[0] and "fix: do not adopt" in err[0]
+    assert f"rwkv7-tiny/{RECIPE}: " in err[0] and "max|dlogits| grew" in err[0] and "fix: do not adopt" in err[0]
     print(err[0])
     worse = json.loads((repo / f"reports/beta-{PACKAGE}-{NEW}.json").read_text())
     assert worse["verdict"] == "REGRESSION"
-    assert [r["recipe"] for r in worse["recipes"] if r["regressions"]] == ["int8keepproj"]
+    assert [r["recipe"] for r in worse["recipes"] if r["regressions"]] == [RECIPE]
     assert "max|dlogits| grew" in (repo / f"reports/beta-{PACKAGE}-{NEW}.md").read_text()
     print(f"beta-watch test: --apply {apply_s:.0f} s, whole test {time.perf_counter() - t0:.0f} s")
