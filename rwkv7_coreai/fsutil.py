@@ -76,9 +76,21 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+class DiskFullError(PipelineError):
+    """A full disk met while writing ``where`` through :func:`atomic_path`; ``written`` bytes had been
+    written to its temporary (now removed). An enclosing ``atomic_path`` reports it under its own name."""
+
+    def __init__(self, where: Path, written: int):
+        self.written = written
+        free = shutil.disk_usage(where.parent).free
+        super().__init__(where, f"no space left on device: {written / 1e6:.1f} MB written before the disk filled, "
+                         f"{free / 1e6:.1f} MB free there", "free more than that much disk (or point results: at a "
+                         "larger disk) and run again; nothing was written")
+
+
 def disk_full(exc: BaseException) -> bool:
     """An ENOSPC/EDQUOT, also when a writer (safetensors, coreai) reports it inside its own error."""
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    if isinstance(exc, DiskFullError) or (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)):
         return True
     return any(os.strerror(code) in str(exc) for code in (errno.ENOSPC, errno.EDQUOT))
 
@@ -118,10 +130,10 @@ def atomic_path(final: str | Path, *, directory: bool = False) -> Iterator[Path]
         if not disk_full(exc):
             raise
         written = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
-        free = shutil.disk_usage(final.parent).free
-        raise PipelineError(final, f"no space left on device: {written / 1e6:.1f} MB written before the disk filled, "
-                            f"{free / 1e6:.1f} MB free there", "free more than that much disk (or point results: at a "
-                            "larger disk) and run again; nothing was written") from None
+        # a nested atomic_path (a file written inside this directory) already removed its temporary
+        written += exc.written if isinstance(exc, DiskFullError) else 0
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DiskFullError(final, written) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
