@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
+import shlex
 from pathlib import Path
 
 import pytest
@@ -90,46 +89,54 @@ def one_thread():
 
 
 class OpenedFiles:
-    """Files opened (``open`` audit events) while recording, per label — so a test can check
-    that every file a stage reads is an input its rule declares. Audit hooks cannot be removed;
-    this one is installed once and costs nothing while no label is being recorded."""
+    """What the stage processes of the session's Snakemake build (``smk_repo``) opened, recorded by
+    an audit hook in each (tests/audit/sitecustomize.py): ``tree`` is the copy they ran in
+    (resolved), ``processes`` one ``{"argv", "opened"}`` per ``scripts/*.py`` process, the opened
+    paths absolute and inside ``tree``."""
 
-    def __init__(self):
-        self.label: str | None = None
-        self.by_label: dict[str, set[str]] = {}
-        sys.addaudithook(self._hook)
+    def __init__(self, tree: str | Path, processes: list[dict]):
+        self.tree = Path(tree).resolve()
+        self.processes = processes
 
-    def _hook(self, event, args):
-        if self.label is not None and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
-            path = os.fsdecode(args[0])
-            self.by_label.setdefault(self.label, set()).add(os.path.abspath(path))
+    def by_label(self, jobs: list[dict]) -> tuple[dict[str, set[str]], list[list[str]]]:
+        """The opened paths per DAG job (label: its DVC stage name, dag.stage_name) -- a process
+        is the job whose shell command it runs, argument for argument -- and the argv of every
+        process that is no job's (a helper such as scripts/dvc_record.py)."""
+        from rwkv7_coreai import dag
 
-    @classmethod
-    def loaded(cls, by_label: dict[str, list[str]]) -> "OpenedFiles":
-        """A record read back (no hook of its own)."""
-        record = cls.__new__(cls)
-        record.label, record.by_label = None, {k: set(v) for k, v in by_label.items()}
-        return record
-
-    @contextlib.contextmanager
-    def recording(self, label: str):
-        self.label = label
-        try:
-            yield
-        finally:
-            self.label = None
-
-
-OPENED = OpenedFiles()
+        by_cmd = {tuple(shlex.split(j["cmd"])): j for j in jobs if j["cmd"]}
+        labels: dict[str, set[str]] = {}
+        others = []
+        for proc in self.processes:
+            job = by_cmd.get(("python", *proc["argv"]))
+            if job is None:
+                others.append(proc["argv"])
+            else:
+                labels.setdefault(dag.stage_name(job), set()).update(proc["opened"])
+        return labels, others
 
 
 @pytest.fixture(scope="session")
 def smk_repo(tmp_path_factory):
     """A fresh copy built by `snakemake --cores 1 publish` (tests/test_pipeline_integration.py
-    changes and restores it): (repo, what repo_copies.built recorded right after the build)."""
-    from repo_copies import built, shared_build
+    changes and restores it): (repo, what repo_copies.built recorded right after the build).
+    The same build gives ``tiny_results`` (its results tree, copied right after the build) and
+    ``opened_files`` (what its stage processes opened)."""
+    from repo_copies import shared_build
 
-    return shared_build(tmp_path_factory, "smk", lambda repo: built(repo, "snakemake --cores 1 publish", "11"))
+    return shared_build(tmp_path_factory, "smk", _build_smk)
+
+
+def _build_smk(repo: Path) -> dict:
+    from repo_copies import built, opened_records, snapshot_results
+
+    opened = repo.parent / f"{repo.name}-opened"
+    record = built(repo, "snakemake --cores 1 publish", "11", record_opened=opened)
+    # before any test changes the copy: what tiny_results and opened_files hand out
+    results = snapshot_results(repo, repo.parent / f"{repo.name}-results")
+    record["tiny"] = {"results": str(results), "tree": str(repo.resolve()),
+                      "opened": opened_records(opened, repo)}
+    return record
 
 
 @pytest.fixture(scope="session")
@@ -141,74 +148,21 @@ def dvc_repo(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def opened_files(tiny_results):
-    """What each stage opened while ``tiny_results`` was built (recorded by whichever worker
-    built it): ``.by_label[label]`` is a set of absolute paths."""
-    del tiny_results  # built (or found built) first: that fills _TINY
-    return _TINY["opened"]
-
-
-_TINY: dict = {}
+def opened_files(smk_repo) -> OpenedFiles:
+    """What each stage process of the ``smk_repo`` build opened (tests/test_declared_inputs.py)."""
+    tiny = smk_repo[1]["tiny"]
+    return OpenedFiles(tiny["tree"], tiny["opened"])
 
 
 @pytest.fixture(scope="session")
-def tiny_results(tmp_path_factory, repo_root) -> Path:
-    """A complete results tree for rwkv7-tiny (fp32, fp16, int8keepproj on `universal`), built by
-    the stage entry points with the tests' short gate (repo_copies.SHORT_GATE) -- what the card
-    and publish tests read. Everything is real: the bundles are exported, lowered and gated.
-    Built once per session (shared by pytest-xdist workers); each stage's opened files are
-    recorded for tests/test_declared_inputs.py."""
-    from repo_copies import shared_build
-
-    root, built = shared_build(tmp_path_factory, "tiny", lambda where: _build_tiny(where, repo_root))
-    _TINY["opened"] = OpenedFiles.loaded(built["opened"])
-    return root / "results"
-
-
-def _build_tiny(root: Path, repo_root: Path) -> dict:
-    import yaml
-
-    from repo_copies import short_gate
-    from rwkv7_coreai import cli
-    from rwkv7_coreai.doctor import SOURCES, doctor_json
-    from rwkv7_coreai.paths import Layout, as_args, stage_args
-    from rwkv7_coreai.report import report_inputs, report_path
-
-    res = root / "results"
-    cfg = short_gate(yaml.safe_load((repo_root / "config.yaml").read_text()))
-    cfg["results"] = str(res)
-    conf = root / "config.yaml"
-    conf.write_text(yaml.safe_dump(cfg))
-    m = "rwkv7-tiny"
-    lay, recipes = Layout(res, m), cfg["models"][m]["recipes"]
-    base = ["--config-file", str(conf), "--model", m]
-    src, vocab, ref = map(str, (lay.source, lay.vocab, lay.reference))
-
-    def run(stage, label, argv):
-        """A stage, its opened files recorded under ``label`` (its DVC stage name: dag.stage_name)."""
-        with OPENED.recording(label):
-            rc = getattr(cli, stage)(argv)
-        assert rc == 0, f"building the tiny results tree failed at {label} (see the captured stderr)"
-
-    run("toolchain", "toolchain", ["--config-file", str(conf), "--out", str(lay.toolchain)])
-    run("source", f"source-{m}", [*base, "--out", src])
-    run("vocab", f"vocab-{m}", [*base, "--source", src, "--out", vocab])
-    run("reference", f"reference-{m}", [*base, "--source", src, "--vocab", vocab, "--out", ref])
-    for r in recipes:
-        exp, aot = str(lay.export(r)), str(lay.aot("universal", r))
-        run("export", f"export-{m}-{r}", [*base, "--recipe", r, "--source", src, "--out", exp])
-        run("aot", f"aot-{m}-universal-{r}", [*base, "--recipe", r, "--target", "universal", "--export", exp, "--out", aot])
-        run("gate", f"gate-{m}-{r}", [*base, "--recipe", r, "--export", exp, "--aot", aot, "--reference", ref,
-                                      "--json", str(lay.gate_json(r)), "--tsv", str(lay.gate_tsv(r))])
-        run("doctor", f"doctor-{m}-{r}", [*base, "--recipe", r, "--sources", *[str(repo_root / s) for s in SOURCES],
-                                          "--checkpoint", src, "--export", exp, "--out", str(doctor_json(lay, r))])
-    run("card", f"card-{m}", [*base, *stage_args("card", res, m, recipes), "--out", str(lay.card)])
-    run("report", f"report-{m}", [*base, *as_args(report_inputs(lay, recipes)), "--out", str(report_path(lay))])
-    run("publish", f"stage_and_push-{m}", [*base, *stage_args("publish", res, m, recipes, cfg["models"][m]["targets"]),
-                                           "--out", str(lay.publish)])
-    for out in [lay.source, *(lay.export(r) for r in recipes), *(lay.aot("universal", r) for r in recipes)]:
-        (out / ".snakemake_timestamp").touch()  # what Snakemake leaves in every directory() output
-    return {"opened": {label: sorted(paths) for label, paths in OPENED.by_label.items()}}
+def tiny_results(smk_repo) -> Path:
+    """A complete results tree for rwkv7-tiny (fp32, fp16, int8keepproj on `universal`, card,
+    report, publish), built by `snakemake --cores 1 publish` with the tests' short gate
+    (repo_copies.SHORT_GATE) -- the ``smk_repo`` build, copied (file times kept) right after it,
+    so the tests that change that copy never change this. Everything is real: the bundles are
+    exported, lowered and gated. Beside it, ``config.yaml`` is the build's config with
+    ``results`` pointing at this tree. Treat it as read-only: copy what a test changes."""
+    return Path(smk_repo[1]["tiny"]["results"])
 
 
 @pytest.fixture(autouse=True, scope="module")

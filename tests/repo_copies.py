@@ -4,7 +4,11 @@
   short gate (:data:`SHORT_GATE`) -- the one gate setting every built tree here uses;
 * :func:`run`: a shell command in such a copy, running that copy's package;
 * :func:`shared_build`: build a tree once per test session, whichever worker needs it first;
-  the others wait for it and reuse it (a file lock in the session's common temp directory).
+  the others wait for it and reuse it (a file lock in the session's common temp directory);
+* :func:`built` with ``record_opened``: the files each stage process opens during the build
+  (tests/audit/sitecustomize.py), read back by :func:`opened_records`;
+* :func:`snapshot_results`: the results tree right after a build, apart from the copy (which
+  later tests change).
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ def env(**extra) -> dict:
 def run(cmd, cwd, timeout=1200, check=True, **extra):
     """A shell command in a repository copy, running that copy's package (PYTHONPATH), not the
     editable install's."""
-    proc = subprocess.run(cmd, cwd=cwd, env=env(PYTHONPATH=str(cwd), **extra), capture_output=True, text=True,
-                          timeout=timeout, shell=True)
+    extra = {"PYTHONPATH": str(cwd), **extra}  # a caller's PYTHONPATH should name the copy first too
+    proc = subprocess.run(cmd, cwd=cwd, env=env(**extra), capture_output=True, text=True, timeout=timeout,
+                          shell=True)
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -114,8 +119,42 @@ def gate_numbers(repo: Path) -> dict:
             for r in RECIPES}
 
 
-def built(repo: Path, cmd: str, seed: str) -> dict:
-    """Build a fresh copy with ``cmd``; what later tests compare, recorded right after the build."""
-    proc = run(cmd, fresh_copy(repo), PYTHONHASHSEED=seed)
+def built(repo: Path, cmd: str, seed: str, record_opened: Path | None = None) -> dict:
+    """Build a fresh copy with ``cmd``; what later tests compare, recorded right after the build.
+    With ``record_opened`` (a directory), every stage process writes there what it opened."""
+    extra = {}
+    if record_opened is not None:
+        record_opened.mkdir(parents=True, exist_ok=True)
+        extra = {"PYTHONPATH": f"{repo}{os.pathsep}{AUDIT}", OPENED_DIR_VAR: str(record_opened)}
+    proc = run(cmd, fresh_copy(repo), PYTHONHASHSEED=seed, **extra)
     return {"output": proc.stdout + proc.stderr, "outputs": tracked_outputs(repo), "gates": gate_numbers(repo),
             "dvc_lock": (repo / "dvc.lock").read_text()}
+
+
+# --- what the stages of a build opened, and the results tree it left ---
+AUDIT = Path(__file__).resolve().parent / "audit"  # its sitecustomize.py records a stage's opened files
+OPENED_DIR_VAR = "RWKV7_TEST_OPENED_DIR"
+
+
+def opened_records(where: Path, tree: Path) -> list[dict]:
+    """The per-process records a build with ``record_opened=where`` left: ``{"argv", "opened"}``
+    of every ``scripts/*.py`` process, sorted; only the opened paths inside ``tree`` (the copy
+    built: its results, its repository files) are kept -- reads elsewhere (the interpreter, the
+    site-packages) are nothing a rule could declare."""
+    inside = os.path.join(os.path.realpath(tree), "")  # the job's cwd is the physical path
+    records = []
+    for f in sorted(where.glob("*.json")):
+        rec = json.loads(f.read_text())
+        records.append({"argv": rec["argv"], "opened": [p for p in rec["opened"] if p.startswith(inside)]})
+    return sorted(records, key=lambda r: r["argv"])
+
+
+def snapshot_results(repo: Path, dest: Path) -> Path:
+    """``repo/results`` as it is now, copied (file times kept) to ``dest/results``, beside a
+    ``dest/config.yaml`` that is the copy's own config with ``results`` pointing there (what a
+    stage run by hand on the snapshot takes as --config-file). Returns ``dest/results``."""
+    shutil.copytree(repo / "results", dest / "results", symlinks=True, copy_function=shutil.copy2)
+    cfg = yaml.safe_load((repo / "config.yaml").read_text())
+    cfg["results"] = str(dest / "results")
+    (dest / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return dest / "results"
