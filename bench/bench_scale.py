@@ -141,7 +141,10 @@ def main() -> None:
                                           "--reference", str(ref), "--json", str(tmp / f"{r}.json"),
                                           "--tsv", str(tmp / f"{r}.tsv")], f"gate {r}", check=False)
                 g = json.loads((tmp / f"{r}.json").read_text()) if (tmp / f"{r}.json").is_file() else {}
-                row.update(gate_s=round(gate_s, 1), gate_s_per_step=g.get("seconds_per_step"), gate_exit=code)
+                row.update(gate_s=round(gate_s, 1), gate_s_per_step=round(gate_s / ns.gate_steps, 2), gate_exit=code,
+                           gate_pass=g.get("pass"), gate_agree=f"{g.get('agree_counted')}/{g.get('counted')}",
+                           gate_max_abs_dlogits=g.get("max_abs_dlogits"),
+                           gate_workers=int(os.environ.get("OMP_NUM_THREADS") or 1))
             rows.append(row)
             for d in (exp, low):  # a 1.5B bundle is GBs: keep one recipe on disk at a time
                 subprocess.run(["rm", "-rf", str(d)], check=True)

@@ -14,6 +14,7 @@ rule gate:
         code=CODE["gate"],
     log:
         str(OUT.log("gate-{recipe}")),
+    threads: sizing.gate_threads(config)  # the gate's processes (1 below 0.5 B parameters)
     resources:
         **sizing.for_rule("gate", config, "export"),
     conda:

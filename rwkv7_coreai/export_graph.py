@@ -7,7 +7,10 @@ and ``shiftState`` [L,1,2,C] (slot 0 time-mix, slot 1 channel-mix).
 Rules that the device delegates taught the shipped port, kept here:
 * every layer returns its new state slices; each state gets ONE write per step, at the end;
 * the L2 norm is written out with an explicit eps (no ``F.normalize``);
-* the decay, its exp and the kk normalisation are computed in fp32 (at least), whatever the recipe dtype.
+* the decay, its exp and the kk normalisation are computed in fp32 (at least), whatever the recipe dtype;
+* every matmul sums in fp32 at least (Core AI's Linux runtime sums an fp16 ``batch_matmul`` in
+  fp16): the linears (:func:`linear`) as 1x1 convolutions in fp16 graphs, the decode recurrence
+  in fp32 whatever the state's dtype; weights are used as stored (never transposed per call).
 
 Prefill (:class:`RWKV7Prefill`): ``input_ids`` [1,T] int32 (T static,
 ``PREFILL_CHUNK`` by default), ``position_ids`` [1,T] (unused), returns the logits of the LAST
@@ -27,6 +30,7 @@ import math
 from typing import Callable, Iterable, Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import chunked
@@ -37,6 +41,29 @@ NEG_EXP_HALF = -math.exp(-0.5)
 PREFILL_CHUNK = 64  # tokens per prefill call (static); a prompt's tail shorter than it goes through decode
 
 
+def linear(mod: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``mod(x)`` for ``x`` [T, in]: every linear of the graph goes through here, over the module's
+    own ``weight``/``bias`` (a coreai-opt quantised linear's ``weight`` is its dequantisation).
+
+    Not written as ``F.linear`` because of what Core AI's Linux runtime does with that form
+    (measured; README "fp16 accuracy at 1.5B"): it sums an fp16 ``batch_matmul`` in fp16, one
+    product at a time -- at the 1.5B widths 20-55x the error of a once-rounded product, enough to
+    flip top-1 tokens -- and it transposes the constant weight on every call. So:
+    * fp16 (and a dequantised int8 weight): a 1x1 convolution over the weight as stored. The
+      runtime sums a convolution in fp32: one 8192x2048 linear, process CPU and |error| against
+      eager torch (bench/bench_linear.py --linears): T=1 743 ms / 0.027 -> 165 ms / 0.0005 (one
+      fp16 rounding), T=64 42.8 s -> 0.34 s. Casting W to fp32 in the graph is about as fast
+      here, but makes the converter fold the small weights (the LoRA factors) to fp32 (+1.6% to
+      +2.3% bundle at 1.5B) and would triple a device's weight traffic;
+    * fp32/fp64: ``(W xᵀ)ᵀ``, the weight used as stored (T=1 140 -> 71 ms).
+    """
+    w = mod.weight  # read once: a quantised linear's weight is a graph op (its dequantisation)
+    if w.dtype == torch.float16:
+        return F.conv1d(x.transpose(0, 1).unsqueeze(0), w.unsqueeze(-1), mod.bias)[0].transpose(0, 1)
+    y = torch.matmul(w, x.transpose(0, 1)).transpose(0, 1)
+    return y if mod.bias is None else y + mod.bias
+
+
 class LoRA(nn.Module):
     """fla's LoRA: Linear(C->D, no bias) -> act -> Linear(D->C, bias?) under ``lora.0``/``lora.2``."""
 
@@ -45,7 +72,8 @@ class LoRA(nn.Module):
         self.lora = nn.Sequential(nn.Linear(c, d, bias=False), act, nn.Linear(d, c, bias=bias))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lora(x)
+        down, act, up = self.lora
+        return linear(up, act(linear(down, x)))
 
 
 class Attn(nn.Module):
@@ -101,7 +129,7 @@ class Block(nn.Module):
         h = self.attn_norm(x)
         d = token_shift(att_prev, h) - h
         xr, xw, xk, xv, xa, xg = (h + d * getattr(at, f"x_{m}").reshape(1, -1) for m in MIXERS)
-        r, k, v = at.r_proj(xr), at.k_proj(xk), at.v_proj(xv)
+        r, k, v = linear(at.r_proj, xr), linear(at.k_proj, xk), linear(at.v_proj, xv)
         logw = NEG_EXP_HALF * torch.sigmoid(at.w_lora(xw).to(wide(x.dtype)))
         if self.layer == 0:
             v_first = v
@@ -113,14 +141,18 @@ class Block(nn.Module):
         kk = kk * torch.rsqrt((kk * kk).sum(-1, keepdim=True) + 1e-12)  # explicit L2 norm with eps
         k = k * (1 + (a - 1) * at.k_a)
         if T == 1:
-            dt = S.dtype
+            # in at least fp32 whatever the state's dtype, as the chunked prefill: the runtime
+            # accumulates an fp16 matmul in fp16 (see linear)
+            dt = wide(S.dtype)
+            S0 = S.to(dt)
             decay = torch.exp(logw).reshape(1, H, N, 1).to(dt)
             kk = kk.to(dt)
             kka = (kk * a.reshape(1, H, N).to(dt)).reshape(1, H, N, 1)
             kh, vh, rh = k.reshape(1, H, N, 1).to(dt), v.reshape(1, H, 1, N).to(dt), r.reshape(1, H, N, 1).to(dt)
-            kkS = torch.matmul(kk.reshape(1, H, 1, N), S)                 # [1,H,1,V]
-            S_new = decay * S - torch.matmul(kka, kkS) + torch.matmul(kh, vh)
+            kkS = torch.matmul(kk.reshape(1, H, 1, N), S0)                # [1,H,1,V]
+            S_new = decay * S0 - torch.matmul(kka, kkS) + torch.matmul(kh, vh)
             o = torch.matmul(S_new.transpose(-1, -2), rh).reshape(1, H * N).to(x.dtype)
+            S_new = S_new.to(S.dtype)
         else:
             heads = (t.reshape(T, H, N).transpose(0, 1) for t in (r, k, v, kk, a, logw))   # [H,T,N]
             o, S_new = chunked.wkv_chunk(*heads, S.reshape(H, N, N))
@@ -128,11 +160,11 @@ class Block(nn.Module):
         o = at.g_norm(o)
         bonus = (r.reshape(T, H, N) * k.reshape(T, H, N) * at.r_k).sum(-1, keepdim=True) * v.reshape(T, H, N)
         o = o + bonus.reshape(T, H * N)
-        x = x + at.o_proj(o * gate)
+        x = x + linear(at.o_proj, o * gate)
         h2 = self.ffn_norm(x)
         ffn_prev = token_shift(ffn_prev, h2)
         kx = h2 + (ffn_prev - h2) * self.ffn.x_k
-        x = x + self.ffn.value(torch.relu(self.ffn.key(kx)) ** 2)
+        x = x + linear(self.ffn.value, torch.relu(linear(self.ffn.key, kx)) ** 2)
         return x, last_row(h), last_row(h2), S_new, v_first
 
 
@@ -187,7 +219,7 @@ class RWKV7Decode(nn.Module):
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         del position_ids  # RWKV has no positions; kept as an input for engine parity
         x = run_layers(self, self.model.embeddings(input_ids.reshape(1).to(torch.int64)))   # [1,C]
-        logits = self.lm_head(self.model.norm(x))
+        logits = linear(self.lm_head, self.model.norm(x))
         return logits.reshape(1, 1, self.g.vocab)
 
     def reset(self) -> None:
@@ -218,7 +250,7 @@ class RWKV7Prefill(nn.Module):
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         del position_ids  # RWKV has no positions; kept as an input for engine parity
         x = run_layers(self, self.model.embeddings(input_ids.reshape(self.chunk).to(torch.int64)))   # [T,C]
-        logits = self.lm_head(self.model.norm(x[-1:]))
+        logits = linear(self.lm_head, self.model.norm(x[-1:]))
         return logits.reshape(1, 1, self.g.vocab)
 
 

@@ -28,8 +28,10 @@ from .coreai_runtime import PromptSession
 from .entrypoints import DECODE, PREFILL, bundle_functions
 from .errors import PipelineError, main_guard
 from .fsutil import atomic_path, dumps_json, sha256_file, tree_manifest
+from .geometry import Geometry
 from .progress import progress
 from .records import read_aot, read_export
+from .resources import cpus_for, parameters
 
 TSV_COLUMNS = ("step", "prompt", "pos", "token", "ref_top1", "ref_top2", "engine_top1", "ref_margin",
                "near_tie", "agree", "max_abs_dlogits", "kl")
@@ -97,13 +99,15 @@ def verdict(rows: list[dict], thresholds: dict) -> dict:
     }
 
 
-def decode_rows(sess, stream: dict, eps: float) -> list[dict]:
-    """The per-prompt streams through the decode function, states reset at each new prompt."""
+def decode_rows(sess, stream: dict, eps: float, start: int = 0, stop: int | None = None) -> list[dict]:
+    """Steps ``start``..``stop`` of the per-prompt streams through the decode function, states
+    reset at each new prompt (``start`` must be a prompt's first step: see :func:`units`)."""
     rows: list[dict] = []
     prev_prompt = None
-    steps = zip(stream["tokens"], stream["prompt"], stream["pos"])
+    stop = len(stream["tokens"]) if stop is None else stop
     label = f"gate {Path(sess.aimodelx).stem}"  # e.g. gate rwkv7-tiny-fp16
-    for step, (tok, prompt, pos) in enumerate(progress(steps, label, len(stream["tokens"]), "steps")):
+    for step in progress(range(start, stop), label, stop - start, "steps"):
+        tok, prompt, pos = stream["tokens"][step], stream["prompt"][step], stream["pos"][step]
         if prompt != prev_prompt:
             sess.reset()
             prev_prompt = prompt
@@ -162,19 +166,74 @@ def prefill_check(sess: PromptSession, stream: dict, thresholds: dict, eps: floa
     return result
 
 
-def run_gate(aimodelx: Path, export_record: dict, stream: dict, settings: dict,
-             session_factory=PromptSession) -> tuple[dict, list[dict]]:
-    """Both checks in one runtime session; the verdict also holds the contract and the prefill
-    result. Returns (result, the decode rows for the TSV)."""
+def units(stream: dict) -> list[tuple[int, int] | None]:
+    """The gate's independent pieces of work: each prompt's decode steps ``(start, stop)`` (the
+    states are reset at a prompt's first step) and ``None``, the prefill check (from zero
+    states). Any split over processes gives the same rows as one process running them in order."""
+    prompts = stream["prompt"]
+    firsts = [0] + [i for i in range(1, len(prompts)) if prompts[i] != prompts[i - 1]] + [len(prompts)]
+    return [None] + list(zip(firsts, firsts[1:]))
+
+
+def _run_unit(sess, unit: tuple[int, int] | None, stream: dict, settings: dict) -> dict | list[dict]:
     eps = settings["near_tie_epsilon"]
-    with session_factory(aimodelx, export_record) as sess:
-        rows = decode_rows(sess, stream, eps)
-        prefill = prefill_check(sess, stream, settings["thresholds"], eps)
+    if unit is None:
+        return prefill_check(sess, stream, settings["thresholds"], eps)
+    return decode_rows(sess, stream, eps, *unit)
+
+
+_WORKER: dict = {}  # in a gate worker process: its session, stream and settings
+
+
+def _worker_init(session_factory, aimodelx: Path, export_record: dict, stream: dict, settings: dict) -> None:
+    sess = session_factory(aimodelx, export_record)
+    sess.__enter__()  # the runtime session lives as long as the worker process
+    _WORKER.update(sess=sess, stream=stream, settings=settings)
+
+
+def _worker_run(unit):
+    return _run_unit(_WORKER["sess"], unit, _WORKER["stream"], _WORKER["settings"])
+
+
+def workers_granted() -> int:
+    """How many processes the gate may use: the CPUs the scheduler gave this job -- SLURM's
+    ``SLURM_CPUS_PER_TASK``, or Snakemake's ``threads:`` for the job, which it exports as
+    ``OMP_NUM_THREADS`` -- else 1 (``dvc repro``, a stage run by hand)."""
+    import os
+
+    for var in ("SLURM_CPUS_PER_TASK", "OMP_NUM_THREADS"):
+        value = os.environ.get(var, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
+
+
+def run_gate(aimodelx: Path, export_record: dict, stream: dict, settings: dict,
+             session_factory=PromptSession, workers: int = 1) -> tuple[dict, list[dict]]:
+    """Both checks; the verdict also holds the contract and the prefill result. With ``workers``
+    > 1 the :func:`units` run in that many processes, each with its own runtime session (the
+    Linux runtime computes on the calling thread, so this is how the gate uses more cores);
+    the rows are the same. Returns (result, the decode rows for the TSV)."""
+    work = units(stream)
+    workers = max(1, min(workers, len(work)))
+    if workers == 1:
+        with session_factory(aimodelx, export_record) as sess:
+            done = [_run_unit(sess, unit, stream, settings) for unit in work]
+    else:
+        import concurrent.futures
+        import multiprocessing
+
+        with concurrent.futures.ProcessPoolExecutor(
+                workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                initargs=(session_factory, aimodelx, export_record, stream, settings)) as pool:
+            done = list(pool.map(_worker_run, work))
+    prefill, rows = done[0], [row for part in done[1:] for row in part]
     result = verdict(rows, settings["thresholds"])
     reasons = contract_problems(export_record) + result["reasons"] + [f"prefill: {r}" for r in prefill["reasons"]]
     result.update({"pass": not reasons, "reasons": reasons, "prefill": prefill,
                    "state_writes": {fn: spec.get("state_writes") for fn, spec in export_record["functions"].items()},
-                   "near_tie_epsilon": eps, "thresholds": settings["thresholds"], "prompts": settings["prompts"]})
+                   "near_tie_epsilon": settings["near_tie_epsilon"], "thresholds": settings["thresholds"],
+                   "prompts": settings["prompts"]})
     return result, rows
 
 
@@ -214,7 +273,7 @@ def write_report(result: dict, rows: list[dict], json_path: Path, tsv_path: Path
 
 
 def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream_path: Path, settings: dict,
-                json_path: Path, tsv_path: Path) -> dict:
+                json_path: Path, tsv_path: Path, workers: int = 1) -> dict:
     """Gate one recipe's bundle. The result records the sha256 of every file it tested (the
     ``.aimodel`` and the lowering it ran): publish ships those bytes and no others."""
     record = read_export(export_dir)
@@ -228,7 +287,11 @@ def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
     with np.load(stream_path) as npz:
         stream = {k: npz[k] for k in npz.files}
     check_stream(stream, stream_path, record)
-    result, rows = run_gate(aimodelx, record, stream, settings)
+    # more processes only where the work is worth their start-up (resources.cpus_for: 1 below 0.5 B)
+    workers = min(workers, cpus_for(parameters(Geometry(**record["geometry"]))))
+    stage.log.info("gate %s/%s: %d step(s) and the prefill check in %d process(es)", model, recipe,
+                   len(stream["tokens"]), workers)
+    result, rows = run_gate(aimodelx, record, stream, settings, workers=workers)
     result.update({"model": model, "recipe": recipe, "bundle": record["bundle"], "bundle_sha256": bundle_digest(tested),
                    "lowered": aimodelx.name, "tested_files": {"aimodel": tested, "lowered": lowering["files"]},
                    "reference_sha256": sha256_file(stream_path),
@@ -254,7 +317,7 @@ def main(argv=None) -> int:
     s, _ = stage.setup("gate", ns)
     t0 = time.perf_counter()
     res = gate_bundle(ns.model, ns.recipe, Path(ns.export), Path(ns.aot), Path(ns.reference),
-                      gate_settings(s, ns.recipe), Path(ns.json), Path(ns.tsv))
+                      gate_settings(s, ns.recipe), Path(ns.json), Path(ns.tsv), workers=workers_granted())
     seconds = time.perf_counter() - t0
     pre = res["prefill"]
     stage.log.info("gate %s/%s PASS: %d/%d top-1 outside %d near-ties, max|dlogits| %.3g, mean KL %.3g; prefill "

@@ -103,11 +103,30 @@ def for_rule(rule: str, config: dict, record: str | None = None) -> dict[str, Ca
     "source")`` sizes each export from the geometry recorded in its ``input.source``."""
 
     def one(name: str) -> Callable:
-        def value(wildcards, input, attempt):  # noqa: A002 - Snakemake passes these by name
+        def value(wildcards, input, attempt, threads):  # noqa: A002 - Snakemake passes these by name
             g = geometry_of(input[record]) if record else None
             recipe = config["recipes"].get(wildcards.get("recipe"), {})
-            return estimate(rule, g, dtype=recipe.get("dtype", "float32"), steps=config["gate"]["steps"],
-                            attempt=attempt)[name]
+            need = estimate(rule, g, dtype=recipe.get("dtype", "float32"), steps=config["gate"]["steps"],
+                            attempt=attempt)
+            if rule == "gate" and name == "mem_mb":  # each of its processes holds the bundle
+                return need[name] * threads
+            return need[name]
         return value
 
     return {name: one(name) for name in NAMES}
+
+
+MAX_GATE_THREADS = 4  # the gate's units: the prefill check and one per prompt (4 by default)
+
+
+def gate_threads(config: dict) -> Callable:
+    """``threads:`` of the gate: its ``cpus_per_task`` from the model's configured shape (a
+    synthetic source), else :data:`MAX_GATE_THREADS` (an hf checkpoint's shape is known only
+    once it is downloaded, and Snakemake needs threads before that). Snakemake caps it at
+    ``--cores``; the stage itself uses at most ``cpus_for`` of the bundle it gates."""
+
+    def value(wildcards):
+        shape = config["models"][wildcards.model]["source"].get("shape")
+        return cpus_for(parameters(Geometry(**shape))) if shape else MAX_GATE_THREADS
+
+    return value

@@ -186,7 +186,7 @@ def mutant_step(old: str, new: str):
 STEP_MUTATIONS = {
     "ffn reads the att shift slot": ("kx = h2 + (ffn_prev - h2)", "kx = h2 + (att_prev - h2)"),
     "state read untransposed": ("torch.matmul(S_new.transpose(-1, -2), rh)", "torch.matmul(S_new, rh)"),
-    "kk term sign": ("decay * S - torch.matmul(kka, kkS)", "decay * S + torch.matmul(kka, kkS)"),
+    "kk term sign": ("decay * S0 - torch.matmul(kka, kkS)", "decay * S0 + torch.matmul(kka, kkS)"),
     "k_a update applied before kk": ("kk = (k * at.k_k)", "kk = (k * (1 + (a - 1) * at.k_a) * at.k_k)"),
 }
 

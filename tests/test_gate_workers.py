@@ -1,0 +1,73 @@
+"""The gate in several processes (issue 13: a gate that finishes at 1.5B): its work splits into
+independent units (each prompt's decode stream, the prefill check), and any number of runtime
+processes gives the same rows and verdict as one. Run on a real tiny bundle of the session's
+build (``tiny_results``) in the Core AI Linux runtime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rwkv7_coreai import config, gate, resources
+from rwkv7_coreai.paths import Layout
+from rwkv7_coreai.records import read_aot, read_export
+
+MODEL, RECIPE = "rwkv7-tiny", "fp16"
+
+
+def test_units_cover_every_step_once_and_start_at_a_prompt():
+    stream = {"prompt": np.array([0, 0, 0, 1, 1, 2, 2, 2, 2])}
+    assert gate.units(stream) == [None, (0, 3), (3, 5), (5, 9)]
+    assert gate.units({"prompt": np.array([0])}) == [None, (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny_results):
+    lay = Layout(tiny_results, MODEL)
+    record = read_export(lay.export(RECIPE))
+    aimodelx = lay.aot("universal", RECIPE) / read_aot(lay.aot("universal", RECIPE))["product"]
+    with np.load(lay.reference) as npz:
+        stream = {k: npz[k] for k in npz.files}
+    cfg = config.load(tiny_results.parent / "config.yaml")  # the build's own (its short gate)
+    settings = config.gate_settings(config.settings(cfg, "gate", model=MODEL, recipe=RECIPE), RECIPE)
+    return aimodelx, record, stream, settings
+
+
+def test_two_processes_give_the_rows_and_verdict_of_one(bundle):
+    one, rows_one = gate.run_gate(*bundle, workers=1)
+    two, rows_two = gate.run_gate(*bundle, workers=2)
+    assert len(rows_one) == len(bundle[2]["tokens"]) and len(set(r["prompt"] for r in rows_one)) > 1
+    assert rows_two == rows_one
+    assert two == one and one["pass"] is True
+
+
+def test_workers_are_what_the_scheduler_granted(monkeypatch):
+    for var in ("SLURM_CPUS_PER_TASK", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    assert gate.workers_granted() == 1                      # dvc repro, a stage by hand
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")              # Snakemake's threads for the job
+    assert gate.workers_granted() == 3
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "4")          # a SLURM allocation wins
+    assert gate.workers_granted() == 4
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "")
+    monkeypatch.setenv("OMP_NUM_THREADS", "junk")
+    assert gate.workers_granted() == 1
+
+
+def test_gate_threads_follow_the_configured_shape(cfg):
+    threads = resources.gate_threads(cfg)
+
+    class W:
+        def __init__(self, model):
+            self.model = model
+
+    assert threads(W("rwkv7-tiny")) == 1                    # 17 M parameters: one process
+    assert threads(W("rwkv7-1.5b-shape")) == 4              # 1.5 B: cpus_for; Snakemake caps at --cores
+    assert threads(W("rwkv7-goose-1.5b")) == resources.MAX_GATE_THREADS   # hf: shape unknown before download
+
+
+def test_the_gate_log_says_how_many_processes(tiny_results):
+    log = Path(tiny_results) / "logs" / MODEL / f"gate-{RECIPE}.log"
+    assert "step(s) and the prefill check in 1 process(es)" in log.read_text()
