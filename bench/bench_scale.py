@@ -43,12 +43,14 @@ SCALE_BYTES = 2  # one fp16 scale per block of a quantised weight
 def run(args: list[str], what: str, check: bool = True) -> tuple[float, float, int, float]:
     """(wall seconds, peak RSS MB, exit code, CPU seconds: user + system) of one stage process."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    with tempfile.TemporaryFile() as err:  # a file, not a pipe: a long stderr must not block the child
+        proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        err.seek(0)
+        last = err.read().decode(errors="replace").strip().splitlines()[-1:]
     seconds, code = time.perf_counter() - t0, os.waitstatus_to_exitcode(status)
     if code and check:
-        sys.exit(f"error: {args[0]}: {what} failed ({proc.stderr.read().decode().strip().splitlines()[-1:]}) "
-                 f"-- fix: run it alone to see the full log")
+        sys.exit(f"error: {args[0]}: {what} failed ({last}) -- fix: run it alone to see the full log")
     return seconds, usage.ru_maxrss / 1024, code, usage.ru_utime + usage.ru_stime
 
 

@@ -28,10 +28,8 @@ from .coreai_runtime import PromptSession
 from .entrypoints import DECODE, PREFILL, bundle_functions
 from .errors import PipelineError, main_guard
 from .fsutil import atomic_path, dumps_json, sha256_file, tree_manifest
-from .geometry import Geometry
 from .progress import progress
 from .records import read_aot, read_export
-from .resources import cpus_for, parameters
 
 TSV_COLUMNS = ("step", "prompt", "pos", "token", "ref_top1", "ref_top2", "engine_top1", "ref_margin",
                "near_tie", "agree", "max_abs_dlogits", "kl")
@@ -198,7 +196,8 @@ def _worker_run(unit):
 def workers_granted() -> int:
     """How many processes the gate may use: the CPUs the scheduler gave this job -- SLURM's
     ``SLURM_CPUS_PER_TASK``, or Snakemake's ``threads:`` for the job, which it exports as
-    ``OMP_NUM_THREADS`` -- else 1 (``dvc repro``, a stage run by hand)."""
+    ``OMP_NUM_THREADS`` -- else 1 (``dvc repro``, a stage run by hand). The rule sizes its
+    threads by the model (resources.gate_threads: 1 below 0.5 B parameters)."""
     import os
 
     for var in ("SLURM_CPUS_PER_TASK", "OMP_NUM_THREADS"):
@@ -287,8 +286,7 @@ def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
     with np.load(stream_path) as npz:
         stream = {k: npz[k] for k in npz.files}
     check_stream(stream, stream_path, record)
-    # more processes only where the work is worth their start-up (resources.cpus_for: 1 below 0.5 B)
-    workers = min(workers, cpus_for(parameters(Geometry(**record["geometry"]))))
+    workers = max(1, min(workers, len(units(stream))))
     stage.log.info("gate %s/%s: %d step(s) and the prefill check in %d process(es)", model, recipe,
                    len(stream["tokens"]), workers)
     result, rows = run_gate(aimodelx, record, stream, settings, workers=workers)

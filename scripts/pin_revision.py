@@ -36,4 +36,5 @@ def main() -> int:
     print(f"{ns.model}: {src['repo']}@{ns.branch} pinned to {sha}")
 
 
-sys.exit(main())
+if __name__ == "__main__":  # a spawned worker process (the gate's) imports this file too
+    sys.exit(main())

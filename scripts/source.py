@@ -4,4 +4,5 @@ import sys
 
 from rwkv7_coreai.source import main
 
-sys.exit(main())
+if __name__ == "__main__":  # a spawned worker process (the gate's) imports this file too
+    sys.exit(main())

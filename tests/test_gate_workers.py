@@ -5,6 +5,10 @@ build (``tiny_results``) in the Core AI Linux runtime."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +19,7 @@ from rwkv7_coreai.paths import Layout
 from rwkv7_coreai.records import read_aot, read_export
 
 MODEL, RECIPE = "rwkv7-tiny", "fp16"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_units_cover_every_step_once_and_start_at_a_prompt():
@@ -43,6 +48,25 @@ def test_two_processes_give_the_rows_and_verdict_of_one(bundle):
     assert two == one and one["pass"] is True
 
 
+def test_the_stage_script_in_two_processes_writes_what_the_build_wrote(tiny_results, tmp_path):
+    """``python scripts/gate.py`` as the rule runs it, granted 2 threads the way Snakemake grants
+    them (OMP_NUM_THREADS): its spawned workers import the script too (it must not rerun the
+    stage), and the JSON and TSV equal the ones the build's one-process gate wrote."""
+    lay, conf = Layout(tiny_results, MODEL), tiny_results.parent / "config.yaml"
+    out = tmp_path / "gate"
+    cmd = [sys.executable, "scripts/gate.py", "--config-file", str(conf), "--model", MODEL, "--recipe", RECIPE,
+           "--export", str(lay.export(RECIPE)), "--aot", str(lay.aot("universal", RECIPE)),
+           "--reference", str(lay.reference), "--json", str(out / "g.json"), "--tsv", str(out / "g.tsv"),
+           "--log", str(out / "g.log")]
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
+    env.pop("SLURM_CPUS_PER_TASK", None)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "step(s) and the prefill check in 2 process(es)" in (out / "g.log").read_text()
+    assert (out / "g.tsv").read_bytes() == lay.gate_tsv(RECIPE).read_bytes()
+    assert json.loads((out / "g.json").read_text()) == json.loads(lay.gate_json(RECIPE).read_text())
+
+
 def test_workers_are_what_the_scheduler_granted(monkeypatch):
     for var in ("SLURM_CPUS_PER_TASK", "OMP_NUM_THREADS"):
         monkeypatch.delenv(var, raising=False)
@@ -69,5 +93,5 @@ def test_gate_threads_follow_the_configured_shape(cfg):
 
 
 def test_the_gate_log_says_how_many_processes(tiny_results):
-    log = Path(tiny_results) / "logs" / MODEL / f"gate-{RECIPE}.log"
+    log = Layout(tiny_results, MODEL).log(f"gate-{RECIPE}")
     assert "step(s) and the prefill check in 1 process(es)" in log.read_text()
