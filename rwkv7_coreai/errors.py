@@ -26,6 +26,9 @@ class PipelineError(Exception):
         self.where, self.what, self.fix = str(where), what, fix
         super().__init__(f"{self.where}: {what} -- fix: {fix}")
 
+    def __reduce__(self):  # pickled whole: a gate worker process raises it to the stage
+        return PipelineError, (self.where, self.what, self.fix)
+
 
 def _free(path: str | Path) -> str:
     for p in [Path(path), *Path(path).parents]:

@@ -184,12 +184,18 @@ _WORKER: dict = {}  # in a gate worker process: its session, stream and settings
 
 
 def _worker_init(session_factory, aimodelx: Path, export_record: dict, stream: dict, settings: dict) -> None:
-    sess = session_factory(aimodelx, export_record)
-    sess.__enter__()  # the runtime session lives as long as the worker process
+    try:
+        sess = session_factory(aimodelx, export_record)
+        sess.__enter__()  # the runtime session lives as long as the worker process
+    except Exception as exc:  # noqa: BLE001 - raised from the first unit, so the stage reports it as one process would
+        _WORKER["error"] = exc
+        return
     _WORKER.update(sess=sess, stream=stream, settings=settings)
 
 
 def _worker_run(unit):
+    if "error" in _WORKER:
+        raise _WORKER["error"]
     return _run_unit(_WORKER["sess"], unit, _WORKER["stream"], _WORKER["settings"])
 
 
@@ -222,10 +228,15 @@ def run_gate(aimodelx: Path, export_record: dict, stream: dict, settings: dict,
         import concurrent.futures
         import multiprocessing
 
-        with concurrent.futures.ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
-                initargs=(session_factory, aimodelx, export_record, stream, settings)) as pool:
-            done = list(pool.map(_worker_run, work))
+        try:
+            with concurrent.futures.ProcessPoolExecutor(
+                    workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                    initargs=(session_factory, aimodelx, export_record, stream, settings)) as pool:
+                done = list(pool.map(_worker_run, work))
+        except concurrent.futures.process.BrokenProcessPool:
+            raise PipelineError(aimodelx, f"a gate process died (killed by the system, often for memory) while "
+                                f"{workers} ran at once", "give the gate more memory or fewer threads "
+                                "(snakemake --set-threads gate=1) and run again") from None
     prefill, rows = done[0], [row for part in done[1:] for row in part]
     result = verdict(rows, settings["thresholds"])
     reasons = contract_problems(export_record) + result["reasons"] + [f"prefill: {r}" for r in prefill["reasons"]]

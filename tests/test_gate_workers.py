@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from rwkv7_coreai import config, gate, resources
+from rwkv7_coreai.errors import PipelineError
 from rwkv7_coreai.paths import Layout
 from rwkv7_coreai.records import read_aot, read_export
 
@@ -65,6 +67,32 @@ def test_the_stage_script_in_two_processes_writes_what_the_build_wrote(tiny_resu
     assert "step(s) and the prefill check in 2 process(es)" in (out / "g.log").read_text()
     assert (out / "g.tsv").read_bytes() == lay.gate_tsv(RECIPE).read_bytes()
     assert json.loads((out / "g.json").read_text()) == json.loads(lay.gate_json(RECIPE).read_text())
+
+
+class Unloadable:
+    """A session factory whose bundle cannot load (in the worker processes)."""
+
+    def __init__(self, aimodelx, export_record):
+        raise PipelineError(aimodelx, "has no loadable function 'main'", "rerun the export and aot stages")
+
+
+class Killed:
+    """A session factory whose worker process is killed (as the OOM killer would)."""
+
+    def __init__(self, aimodelx, export_record):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("factory, needle", [
+    (Unloadable, "has no loadable function 'main' -- fix: rerun the export and aot stages"),
+    (Killed, "a gate process died (killed by the system, often for memory) while 2 ran at once -- fix: "),
+])
+def test_a_worker_failure_is_the_stages_one_line_error(tmp_path, factory, needle):
+    stream = {"prompt": np.array([0, 0, 1, 1]), "tokens": np.array([0, 1, 0, 1])}
+    with pytest.raises(PipelineError) as err:
+        gate.run_gate(tmp_path / "x.aimodelx", {}, stream, {"near_tie_epsilon": 0.1}, session_factory=factory,
+                      workers=2)
+    assert needle in str(err.value) and str(err.value).startswith(str(tmp_path / "x.aimodelx"))
 
 
 def test_workers_are_what_the_scheduler_granted(monkeypatch):
