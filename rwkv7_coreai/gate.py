@@ -221,6 +221,8 @@ def run_gate(aimodelx: Path, export_record: dict, stream: dict, settings: dict,
     the rows are the same. Returns (result, the decode rows for the TSV)."""
     work = units(stream)
     workers = max(1, min(workers, len(work)))
+    stage.log.info("gate %s: %d step(s) and the prefill check in %d process(es)", Path(aimodelx).stem,
+                   len(stream["tokens"]), workers)
     if workers == 1:
         with session_factory(aimodelx, export_record) as sess:
             done = [_run_unit(sess, unit, stream, settings) for unit in work]
@@ -297,9 +299,6 @@ def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
     with np.load(stream_path) as npz:
         stream = {k: npz[k] for k in npz.files}
     check_stream(stream, stream_path, record)
-    workers = max(1, min(workers, len(units(stream))))
-    stage.log.info("gate %s/%s: %d step(s) and the prefill check in %d process(es)", model, recipe,
-                   len(stream["tokens"]), workers)
     result, rows = run_gate(aimodelx, record, stream, settings, workers=workers)
     result.update({"model": model, "recipe": recipe, "bundle": record["bundle"], "bundle_sha256": bundle_digest(tested),
                    "lowered": aimodelx.name, "tested_files": {"aimodel": tested, "lowered": lowering["files"]},

@@ -125,7 +125,7 @@ def gate_threads(config: dict) -> Callable:
     """``threads:`` of the gate: its ``cpus_per_task`` from the model's configured shape (a
     synthetic source), else :data:`MAX_GATE_THREADS` (an hf checkpoint's shape is known only
     once it is downloaded, and Snakemake needs threads before that). Snakemake caps it at
-    ``--cores``; the stage itself uses at most ``cpus_for`` of the bundle it gates."""
+    ``--cores``; the stage runs as many processes as it is granted (gate.workers_granted)."""
 
     def value(wildcards):
         shape = config["models"][wildcards.model]["source"].get("shape")
