@@ -92,6 +92,11 @@ def validate(cfg: dict, path: str | Path | None = None) -> dict:
             if recipe not in cfg["gate"]["thresholds"]:
                 raise PipelineError(where, f"recipe {recipe!r} has no gate threshold",
                                     f"add gate/thresholds/{recipe}")
+        for recipe in model.get("gate", {}).get("thresholds", {}):
+            if recipe not in model["recipes"]:
+                raise PipelineError(where, f"models/{name}/gate/thresholds/{recipe}: the model does not build "
+                                    f"{recipe!r} (its recipes: {model['recipes']})",
+                                    "remove the entry or add the recipe to the model's recipes")
         for target in model["targets"]:
             if target not in cfg["targets"]:
                 raise PipelineError(where, f"models/{name} uses unknown target {target!r}",
@@ -221,7 +226,8 @@ STAGE_KEYS: dict[str, list[tuple[str, ...]]] = {
     "export": [("recipes", "{recipe}"), ("models", "{model}", "dir"), ("models", "{model}", "shipped"),
                ("prefill", "chunk")],
     "aot": [("targets", "{target}"), ("aot",), ("models", "{model}", "dir"), ("models", "{model}", "shipped")],
-    "gate": [("gate", "prompts"), ("gate", "steps"), ("gate", "near_tie_epsilon"), ("gate", "thresholds", "{recipe}")],
+    "gate": [("gate", "prompts"), ("gate", "steps"), ("gate", "near_tie_epsilon"), ("gate", "thresholds", "{recipe}"),
+             ("models", "{model}", "gate")],
     "card": [("models", "{model}"), ("recipes",), ("targets",)],
     "stage_and_push": [("models", "{model}", k) for k in ("publish", "recipes", "targets", "dir", "shipped")],
     "doctor": [],
@@ -256,7 +262,14 @@ def settings(cfg: dict, stage: str, **names: str | None) -> dict:
 
 
 def gate_settings(stage_settings: dict, recipe_name: str) -> dict:
-    """The gate's settings with ``thresholds`` narrowed to the one recipe."""
+    """The gate's settings with ``thresholds`` narrowed to the one recipe: the model's own
+    (models/<model>/gate) where it sets them, with its ``why`` as ``thresholds_why``; otherwise
+    gate/thresholds."""
     g = copy.deepcopy(stage_settings["gate"])
     g["thresholds"] = g["thresholds"][recipe_name]
+    for model in stage_settings.get("models", {}).values():
+        own = model.get("gate", {})
+        if recipe_name in own.get("thresholds", {}):
+            g["thresholds"] = copy.deepcopy(own["thresholds"][recipe_name])
+            g["thresholds_why"] = own["why"]
     return g

@@ -246,6 +246,8 @@ def run_gate(aimodelx: Path, export_record: dict, stream: dict, settings: dict,
                    "state_writes": {fn: spec.get("state_writes") for fn, spec in export_record["functions"].items()},
                    "near_tie_epsilon": settings["near_tie_epsilon"], "thresholds": settings["thresholds"],
                    "prompts": settings["prompts"]})
+    if "thresholds_why" in settings:  # the model's own thresholds (config: models/<model>/gate)
+        result["thresholds_why"] = settings["thresholds_why"]
     return result, rows
 
 

@@ -549,3 +549,20 @@ def test_crlf_card_blocks_are_rewritten_not_duplicated():
     merged = c.merge(existing, fresh)
     assert merged.count("<!-- a begin -->") == 1 and "new\n<!-- a end -->" in merged and "old" not in merged
     assert merged.endswith("notes\r\n")
+
+
+def test_pass_criteria_come_from_the_gate_results_and_a_models_own_thresholds_say_why(work, capsys):
+    base = model_dir(work)
+    why = "random weights put 3 reference margins inside int8's own error (README: int8keepproj at 1.5B)"
+    edit_json(base / "gate" / "int8keepproj.json", near_tie_epsilon=0.1, thresholds_why=why,
+              thresholds={"min_agree": 0.95, "max_abs_dlogits": None, "prefill_max_abs_dstate": 0.3})
+    edit_json(base / "gate" / "fp32.json", thresholds={"min_agree": 1.0, "max_abs_dlogits": 0.001,
+                                                       "prefill_max_abs_dstate": 0.0001})
+    text = block(render_card(work, capsys=capsys), "recipes")
+    lines = {line.split("`")[1]: line for line in text.splitlines() if line.startswith("- `")}
+    assert lines["int8keepproj"].startswith("- `int8keepproj`: top-1 agreement outside near-ties ≥ 0.95, "
+                                            "prefill max abs Δstate ≤ 0.3, near-tie epsilon 0.1.")
+    assert lines["int8keepproj"].endswith(f"**This model sets its own thresholds for `int8keepproj`**: {why}")
+    assert lines["fp32"] == ("- `fp32`: top-1 agreement outside near-ties ≥ 1.0, max abs Δlogits ≤ 0.001, "
+                             "prefill max abs Δstate ≤ 0.0001, near-tie epsilon 0.1")
+    assert "own thresholds" not in lines["fp16"]

@@ -96,6 +96,10 @@ def test_schema_errors_name_the_field(raw, mutate, needle):
     (lambda c: c.__setitem__("build", ["nope"]), "unknown model 'nope'"),
     (lambda c: c["gate"]["thresholds"].pop("fp16"), "has no gate threshold"),
     (lambda c: c["models"]["rwkv7-tiny"].__setitem__("shipped", "int8"), "shipped 'int8' is not one of its recipes"),
+    (lambda c: c["models"]["rwkv7-tiny"].__setitem__("gate", {"why": "measured: see the README's gate section",
+                                                              "thresholds": {"int8": {"min_agree": 0.9,
+                                                                                      "prefill_max_abs_dstate": 0.3}}}),
+     "gate/thresholds/int8: the model does not build 'int8'"),
 ])
 def test_cross_reference_errors(raw, mutate, needle):
     mutate(raw)
@@ -215,3 +219,27 @@ def test_snakemake_accepts_another_config_file_and_build_override(repo_root, raw
     proc = _snakemake(repo_root, "publish", "--configfile", str(other), "--config", 'build=["rwkv7-tiny"]')
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"{tmp_path}/res/rwkv7-tiny/export/fp16" in proc.stdout
+
+
+def test_a_models_own_gate_thresholds_replace_the_global_ones_for_that_model_only(raw):
+    """models/<model>/gate: the gate of that model and recipe gets those thresholds and the why;
+    every other model and recipe keeps gate/thresholds; the key is one of the gate stage's params."""
+    own = {"min_agree": 0.95, "max_abs_dlogits": None, "prefill_max_abs_dstate": 0.3}
+    raw["models"]["rwkv7-tiny"]["gate"] = {"thresholds": {"int8keepproj": own}, "why": "random weights: see README"}
+    cfg = config.validate(copy.deepcopy(raw), "config.yaml")
+
+    def gate(model, recipe):
+        return config.gate_settings(config.settings(cfg, "gate", model=model, recipe=recipe), recipe)
+
+    assert gate("rwkv7-tiny", "int8keepproj")["thresholds"] == own
+    assert gate("rwkv7-tiny", "int8keepproj")["thresholds_why"] == "random weights: see README"
+    assert gate("rwkv7-tiny", "fp16")["thresholds"] == raw["gate"]["thresholds"]["fp16"]
+    assert "thresholds_why" not in gate("rwkv7-tiny", "fp16")
+    assert gate("rwkv7-1.5b-shape", "int8keepproj")["thresholds"] == raw["gate"]["thresholds"]["int8keepproj"]
+    assert ("models", "rwkv7-tiny", "gate") in config.stage_keys("gate", model="rwkv7-tiny", recipe="fp16")
+
+
+def test_a_models_gate_thresholds_need_a_why(raw):
+    raw["models"]["rwkv7-tiny"]["gate"] = {"thresholds": {"fp16": {"min_agree": 0.9, "prefill_max_abs_dstate": 0.3}}}
+    with pytest.raises(PipelineError, match="why"):
+        config.validate(copy.deepcopy(raw), "config.yaml")
