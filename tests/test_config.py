@@ -235,7 +235,12 @@ def test_a_models_own_gate_thresholds_replace_the_global_ones_for_that_model_onl
     assert gate("rwkv7-tiny", "int8keepproj")["thresholds_why"] == "random weights: see README"
     assert gate("rwkv7-tiny", "fp16")["thresholds"] == raw["gate"]["thresholds"]["fp16"]
     assert "thresholds_why" not in gate("rwkv7-tiny", "fp16")
-    assert gate("rwkv7-1.5b-shape", "int8keepproj")["thresholds"] == raw["gate"]["thresholds"]["int8keepproj"]
+    assert gate("rwkv7-goose-1.5b", "int8keepproj")["thresholds"] == raw["gate"]["thresholds"]["int8keepproj"]
+    assert "thresholds_why" not in gate("rwkv7-goose-1.5b", "int8keepproj")
+    # the shipped config: only the synthetic 1.5B stand-in sets its own, for int8keepproj only
+    assert {m for m in raw["models"] if "gate" in raw["models"][m]} == {"rwkv7-1.5b-shape", "rwkv7-tiny"}
+    assert list(raw["models"]["rwkv7-1.5b-shape"]["gate"]["thresholds"]) == ["int8keepproj"]
+    assert gate("rwkv7-1.5b-shape", "fp16")["thresholds"] == raw["gate"]["thresholds"]["fp16"]
     assert ("models", "rwkv7-tiny", "gate") in config.stage_keys("gate", model="rwkv7-tiny", recipe="fp16")
 
 
