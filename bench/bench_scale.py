@@ -40,8 +40,9 @@ BYTES = {"float16": 2, "float32": 4}
 SCALE_BYTES = 2  # one fp16 scale per block of a quantised weight
 
 
-def run(args: list[str], what: str, check: bool = True) -> tuple[float, float, int, float]:
-    """(wall seconds, peak RSS MB, exit code, CPU seconds: user + system) of one stage process."""
+def run(args: list[str], what: str, check: bool = True) -> tuple[float, float, int, float, str]:
+    """(wall seconds, peak RSS MB, exit code, CPU seconds: user + system, last stderr line) of one
+    stage process."""
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as err:  # a file, not a pipe: a long stderr must not block the child
         proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
@@ -51,7 +52,7 @@ def run(args: list[str], what: str, check: bool = True) -> tuple[float, float, i
     seconds, code = time.perf_counter() - t0, os.waitstatus_to_exitcode(status)
     if code and check:
         sys.exit(f"error: {args[0]}: {what} failed ({last}) -- fix: run it alone to see the full log")
-    return seconds, usage.ru_maxrss / 1024, code, usage.ru_utime + usage.ru_stime
+    return seconds, usage.ru_maxrss / 1024, code, usage.ru_utime + usage.ru_stime, "".join(last)
 
 
 def ideal_bytes(record: dict) -> int:
@@ -73,7 +74,7 @@ def source(cfg_file: Path, model: str, cache: Path, fresh: bool = False) -> tupl
     src = cache / model / "source"
     if (src / "manifest.json").is_file() and not fresh:
         return src, {"cached": True}
-    s, rss, _, cpu = run(["scripts/source.py", "--config-file", str(cfg_file), "--model", model, "--out", str(src)],
+    s, rss, _, cpu, _ = run(["scripts/source.py", "--config-file", str(cfg_file), "--model", model, "--out", str(src)],
                          "source")
     weights = json.loads((src / "manifest.json").read_text())["files"]["model.safetensors"]
     return src, {"cached": False, "seconds": round(s, 1), "cpu_seconds": round(cpu, 1), "peak_rss_mb": round(rss),
@@ -123,23 +124,27 @@ def main() -> None:
         ref = tmp / "stream.npz"
         if ns.gate_steps:
             run(["scripts/vocab.py", *c, "--source", str(src), "--out", str(tmp / "vocab.tsv")], "vocab")
-            ref_s, _, _, _ = run(["scripts/reference.py", *c, "--source", str(src), "--vocab", str(tmp / "vocab.tsv"),
+            ref_s, _, _, _, _ = run(["scripts/reference.py", *c, "--source", str(src), "--vocab", str(tmp / "vocab.tsv"),
                                   "--out", str(ref)], "reference")
         for r in recipes:
             exp, low = tmp / "export" / r, tmp / "aot" / r
-            exp_s, exp_rss, _, _ = run(["scripts/export.py", *c, "--recipe", r, "--source", str(src),
+            exp_s, exp_rss, _, _, _ = run(["scripts/export.py", *c, "--recipe", r, "--source", str(src),
                                         "--out", str(exp)], f"export {r}")
             record = json.loads((exp / "export.json").read_text())
-            aot_s, aot_rss, _, _ = run(["scripts/aot.py", *c, "--recipe", r, "--target", "universal",
-                                        "--export", str(exp), "--out", str(low)], f"aot {r}")
+            aot_s, aot_rss, aot_code, _, aot_last = run(["scripts/aot.py", *c, "--recipe", r, "--target", "universal",
+                                                         "--export", str(exp), "--out", str(low)], f"aot {r}",
+                                                        check=False)  # the export's numbers still count
             row = {"recipe": r, "export_s": round(exp_s, 1), "export_peak_rss_mb": round(exp_rss),
                    "bundle_bytes": record["size_bytes"], "ideal_bytes": ideal_bytes(record),
                    "rss_over_bundle": round(exp_rss * 2**20 / record["size_bytes"], 2),
                    "aot_s": round(aot_s, 1), "aot_peak_rss_mb": round(aot_rss),
                    "mlirb_sha256": record["files"]["main.mlirb"]["sha256"]}
             row["bundle_over_ideal"] = round(row["bundle_bytes"] / row["ideal_bytes"], 4)
-            if ns.gate_steps:
-                gate_s, _, code, _ = run(["scripts/gate.py", *c, "--recipe", r, "--export", str(exp), "--aot", str(low),
+            if aot_code:
+                row["aot_error"] = f"exit {aot_code}: {aot_last}"
+                print(f"{r}: the AOT lowering failed ({row['aot_error']}); no gate for it", file=sys.stderr)
+            elif ns.gate_steps:
+                gate_s, _, code, _, _ = run(["scripts/gate.py", *c, "--recipe", r, "--export", str(exp), "--aot", str(low),
                                           "--reference", str(ref), "--json", str(tmp / f"{r}.json"),
                                           "--tsv", str(tmp / f"{r}.tsv")], f"gate {r}", check=False)
                 g = json.loads((tmp / f"{r}.json").read_text()) if (tmp / f"{r}.json").is_file() else {}
@@ -158,7 +163,8 @@ def main() -> None:
         print(f"{x['recipe']:14} {x['export_s']:9.1f} {x['export_peak_rss_mb']:12d} {x['bundle_bytes'] / 1e6:10.1f} "
               f"{x['rss_over_bundle']:11.2f} {x['ideal_bytes'] / 1e6:9.1f} {x['bundle_over_ideal']:7.4f} "
               f"{x['aot_s']:7.1f} {x['aot_peak_rss_mb']:11d}"
-              + (f" {x['gate_s']:6.1f} {x['gate_s_per_step'] or float('nan'):7.2f}" if ns.gate_steps else ""))
+              + (f" {x['gate_s']:6.1f} {x['gate_s_per_step'] or float('nan'):7.2f}" if "gate_s" in x else "")
+              + (f"  AOT FAILED ({x['aot_error']})" if "aot_error" in x else ""))
     out.write_text(json.dumps({"model": ns.model, "cores": os.cpu_count(), "gate_steps": ns.gate_steps,
                                "source": made, "recipes": rows}, indent=2) + "\n")
 
