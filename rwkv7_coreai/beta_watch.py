@@ -330,8 +330,11 @@ def prepare_env(venv: Path, tree: Path, updates: dict[str, tuple[Version, Versio
                            *pip_index_args(index_url), *wanted], capture_output=True, text=True)
     if proc.returncode:
         last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or [""]
-        raise PipelineError(index_url or "pip's configured index", f"cannot install {' '.join(wanted)}: {last[0][:300]}",
-                            "check that the index serves wheels for this platform")
+        full = "No space left on device" in last[0]
+        raise PipelineError(site if full else index_url or "pip's configured index",
+                            f"cannot install {' '.join(wanted)}: {last[0][:300]}",
+                            "free disk space there and run again" if full
+                            else "check that the index serves wheels for this platform")
     env = {k: v for k, v in os.environ.items() if k not in TOKEN_VARS}  # never publish from the worktree
     env.update(VIRTUAL_ENV=str(venv), PATH=os.pathsep.join([str(venv / "bin"), str(Path(sys.executable).parent),
                                                             env.get("PATH", "")]), DVC_NO_ANALYTICS="1")

@@ -311,3 +311,24 @@ def test_apply_rebuilds_exactly_the_toolchain_stages_and_reports(index, tiny_res
     assert [r["recipe"] for r in worse["recipes"] if r["regressions"]] == [RECIPE]
     assert "max|dlogits| grew" in (repo / f"reports/beta-{PACKAGE}-{NEW}.md").read_text()
     print(f"beta-watch test: --apply {apply_s:.0f} s, whole test {time.perf_counter() - t0:.0f} s")
+
+
+def test_a_full_disk_while_installing_the_beta_says_so_and_names_where(tmp_path, monkeypatch):
+    """pip's ENOSPC is not an index problem: the error names the beta venv and says to free space."""
+    from packaging.version import Version
+
+    real = subprocess.run
+
+    def run(cmd, *args, **kwargs):
+        if "pip" in cmd and "install" in cmd:
+            return subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not install packages due to an OSError: "
+                                                            "[Errno 28] No space left on device")
+        return real(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(beta_watch.subprocess, "run", run)
+    with pytest.raises(PipelineError) as err:
+        beta_watch.prepare_env(tmp_path / "venv", tmp_path, {"coreai-opt": (Version("0.4.0"), Version("0.4.1b1"))},
+                               "http://127.0.0.1:1/simple")
+    line = str(err.value)
+    assert str(tmp_path / "venv") in line and "No space left on device" in line
+    assert "free disk space" in line and "index" not in line.split("--")[-1]
