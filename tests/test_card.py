@@ -566,3 +566,11 @@ def test_pass_criteria_come_from_the_gate_results_and_a_models_own_thresholds_sa
     assert lines["fp32"] == ("- `fp32`: top-1 agreement outside near-ties ≥ 1.0, max abs Δlogits ≤ 0.001, "
                              "prefill max abs Δstate ≤ 0.0001, near-tie epsilon 0.1")
     assert "own thresholds" not in lines["fp16"]
+
+
+def test_thresholds_without_the_optional_max_abs_dlogits_render(work, capsys):
+    """The schema makes max_abs_dlogits optional: a gate result without it is a card without that bound."""
+    edit_json(model_dir(work) / "gate" / "fp16.json", thresholds={"min_agree": 1.0, "prefill_max_abs_dstate": 0.1})
+    text = block(render_card(work, capsys=capsys), "recipes")
+    line = next(x for x in text.splitlines() if x.startswith("- `fp16`"))
+    assert line == "- `fp16`: top-1 agreement outside near-ties ≥ 1.0, prefill max abs Δstate ≤ 0.1, near-tie epsilon 0.1"
