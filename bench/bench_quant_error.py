@@ -39,6 +39,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rwkv7_coreai import quantize  # noqa: E402
 from rwkv7_coreai.checkpoint import load_checkpoint  # noqa: E402
 from rwkv7_coreai.reference import Reference  # noqa: E402
 
@@ -67,10 +68,12 @@ def matched_noise(w: torch.Tensor, q: torch.Tensor, block: int, gen: torch.Gener
     return res
 
 
-def selected(names, include: list[str], layers: set[int] | None) -> list[str]:
+def selected(names, include: list[str], exclude: list[str], layers: set[int] | None) -> list[str]:
+    """Weight names the recipe's patterns choose (as quantize.plan matches them), in ``layers``."""
     out = []
     for n in names:
-        if not n.endswith(".weight") or not any(re.fullmatch(p, n[:-len(".weight")]) for p in include):
+        linear = n.removesuffix(".weight")
+        if linear == n or not quantize._matches(linear, include) or quantize._matches(linear, exclude):
             continue
         m = re.match(r"model\.layers\.(\d+)\.", n)
         if layers is not None and (m is None or int(m.group(1)) not in layers):
@@ -130,7 +133,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(ns.seed)
     for v in ns.variants:
         include, layers = groups[v]
-        names = selected(base, include, layers)
+        names = selected(base, include, q.get("exclude", []), layers)
         t0 = time.time()
         num = den = 0.0
         ref.w = dict(base)
