@@ -128,6 +128,21 @@ def trace(entry: EntryPoint, decode: torch.nn.Module, chunk: int) -> Traced:
     return Traced(entry, ep.run_decompositions(coreai_torch.get_decomp_table()), record)
 
 
+def share_packed(state_dict: dict, before: dict, packed: dict[int, tuple]) -> None:
+    """coreai-torch's ``add_exported_program`` packs every sub-byte (int4) weight of the program's
+    ``state_dict`` into a new tensor, once per function: here each function's copy is replaced by
+    the first function's (``packed``: id of the unpacked weight -> (it, its packed tensor)), so a
+    weight is held once, in torch and in the IR, and the unpacked int8 original can be freed."""
+    for target, tensor in state_dict.items():
+        old = before.get(target)
+        if old is None or tensor is old:
+            continue
+        if id(old) in packed:
+            state_dict[target] = packed[id(old)][1]
+        else:
+            packed[id(old)] = (old, tensor)
+
+
 def save_functions(traced: list[Traced], out: Path, release: bool = False) -> None:
     """ONE converter, one ``add_exported_program`` per function, one ``to_coreai``: a single
     ``.aimodel`` at ``out`` (weights of identical value, dtype and shape are stored once),
@@ -141,10 +156,17 @@ def save_functions(traced: list[Traced], out: Path, release: bool = False) -> No
 
     with reproducible.export_scope(seed=out.name):
         converter = coreai_torch.TorchConverter(mode=coreai_torch.TorchConverter.Mode.RELEASE)
+        packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for t in traced:
+            before = dict(t.program.state_dict)
             converter.add_exported_program(t.program, input_names=list(t.entry.inputs),
                                            output_names=list(t.entry.outputs), state_names=list(t.entry.states),
                                            entrypoint_name=t.entry.name)
+            share_packed(t.program.state_dict, before, packed)
+        if release:
+            for unpacked, _ in packed.values():
+                unpacked.data = torch.empty(0, dtype=unpacked.dtype)
+        del packed
         with reproducible.constants_released() if release else contextlib.nullcontext():
             program = converter.to_coreai()
         del converter

@@ -606,6 +606,8 @@ def constants_released() -> Iterator[None]:
             for m in maps:
                 m.pop(target, None)  # the converter's own view of the weight
             owner.data = torch.empty(0, dtype=owner.dtype)
+            if isinstance(getattr(owner, "elem", None), torch.Tensor):  # a packed sub-byte tensor's own storage
+                owner.elem = torch.empty(0, dtype=owner.elem.dtype)
             return None
         return placeholder
 
