@@ -139,7 +139,7 @@ def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dic
         "source": source_manifest["source"], "g": g, "states": first["states"], "recipes": recipes,
         "functions": [functions[DECODE], functions[PREFILL]], "decode": functions[DECODE],
         "prefill": functions[PREFILL], "prefill_gate": next(iter(gates.values()))["prefill"],
-        "targets": targets, "gate_steps": next(iter(gates.values()))["steps"],
+        "targets": targets, "gate_steps": max(g.get("reference_steps", g["steps"]) for g in gates.values()),
         "n_prompts": len(next(iter(gates.values()))["prompts"]),
         "vocab_entries": vocab_entries, "device_numbers": mcfg.get("device_numbers") or {},
         "weights_sha256": source_manifest["files"][WEIGHT_FILE]["sha256"],

@@ -92,11 +92,19 @@ def validate(cfg: dict, path: str | Path | None = None) -> dict:
             if recipe not in cfg["gate"]["thresholds"]:
                 raise PipelineError(where, f"recipe {recipe!r} has no gate threshold",
                                     f"add gate/thresholds/{recipe}")
-        for recipe in model.get("gate", {}).get("thresholds", {}):
-            if recipe not in model["recipes"]:
-                raise PipelineError(where, f"models/{name}/gate/thresholds/{recipe}: the model does not build "
-                                    f"{recipe!r} (its recipes: {model['recipes']})",
-                                    "remove the entry or add the recipe to the model's recipes")
+        own = model.get("gate", {})
+        for key in ("thresholds", "steps"):
+            for recipe in own.get(key, {}):
+                if recipe not in model["recipes"]:
+                    raise PipelineError(where, f"models/{name}/gate/{key}/{recipe}: the model does not build "
+                                        f"{recipe!r} (its recipes: {model['recipes']})",
+                                        "remove the entry or add the recipe to the model's recipes")
+        for recipe, steps in own.get("steps", {}).items():
+            if not len(cfg["gate"]["prompts"]) <= steps <= cfg["gate"]["steps"]:
+                raise PipelineError(where, f"models/{name}/gate/steps/{recipe} is {steps}: a recipe's gate compares "
+                                    f"a part of the reference's gate/steps={cfg['gate']['steps']} steps, at least one "
+                                    f"per prompt ({len(cfg['gate']['prompts'])})",
+                                    f"use {len(cfg['gate']['prompts'])}..{cfg['gate']['steps']}, or remove the entry")
         for target in model["targets"]:
             if target not in cfg["targets"]:
                 raise PipelineError(where, f"models/{name} uses unknown target {target!r}",
@@ -262,9 +270,9 @@ def settings(cfg: dict, stage: str, **names: str | None) -> dict:
 
 
 def gate_settings(stage_settings: dict, recipe_name: str) -> dict:
-    """The gate's settings with ``thresholds`` narrowed to the one recipe: the model's own
-    (models/<model>/gate) where it sets them, with its ``why`` as ``thresholds_why``; otherwise
-    gate/thresholds."""
+    """The gate's settings for one recipe: ``thresholds`` narrowed to it, and ``steps``. The
+    model's own (models/<model>/gate) where it sets them, with its ``why`` as ``thresholds_why``
+    and ``steps_why``; otherwise gate/thresholds and gate/steps."""
     g = copy.deepcopy(stage_settings["gate"])
     g["thresholds"] = g["thresholds"][recipe_name]
     for model in stage_settings.get("models", {}).values():
@@ -272,4 +280,13 @@ def gate_settings(stage_settings: dict, recipe_name: str) -> dict:
         if recipe_name in own.get("thresholds", {}):
             g["thresholds"] = copy.deepcopy(own["thresholds"][recipe_name])
             g["thresholds_why"] = own["why"]
+        if recipe_name in own.get("steps", {}):
+            g["steps"] = own["steps"][recipe_name]
+            g["steps_why"] = own["why"]
     return g
+
+
+def prompt_budgets(n_prompts: int, steps: int) -> list[int]:
+    """Each prompt's share of ``steps`` gate steps (the first ones get the remainder)."""
+    base, extra = divmod(steps, n_prompts)
+    return [base + (1 if i < extra else 0) for i in range(n_prompts)]

@@ -23,7 +23,7 @@ import numpy as np
 
 from . import stage, toolchain
 from .chunked import split_prompt
-from .config import gate_settings
+from .config import gate_settings, prompt_budgets
 from .coreai_runtime import PromptSession
 from .entrypoints import DECODE, PREFILL, bundle_functions
 from .errors import PipelineError, main_guard
@@ -246,8 +246,9 @@ def run_gate(aimodelx: Path, export_record: dict, stream: dict, settings: dict,
                    "state_writes": {fn: spec.get("state_writes") for fn, spec in export_record["functions"].items()},
                    "near_tie_epsilon": settings["near_tie_epsilon"], "thresholds": settings["thresholds"],
                    "prompts": settings["prompts"]})
-    if "thresholds_why" in settings:  # the model's own thresholds (config: models/<model>/gate)
-        result["thresholds_why"] = settings["thresholds_why"]
+    for key in ("thresholds_why", "steps_why"):  # the model's own settings (config: models/<model>/gate)
+        if key in settings:
+            result[key] = settings[key]
     return result, rows
 
 
@@ -263,6 +264,21 @@ def check_stream(stream: dict, stream_path: Path, export_record: dict) -> None:
         raise PipelineError(stream_path, f"was made for prefill chunk {int(stream['prefill_chunk'])}, but the bundle's "
                             f"{prefill['name']} takes {prefill['tokens_per_call']} tokens per call",
                             "rerun the reference and export stages with the same prefill.chunk")
+
+
+def gate_steps(stream: dict, n_prompts: int, steps: int, stream_path: Path) -> dict:
+    """The stream with the decode steps this gate compares: each prompt's first share of
+    ``steps`` (config.prompt_budgets), taken from the reference's stream of gate/steps steps.
+    A prompt's steps are its tokens, then the reference's greedy continuation, so these are the
+    steps a reference made for ``steps`` would hold. The prefill stream is kept whole."""
+    keep = []
+    for i, share in enumerate(prompt_budgets(n_prompts, steps)):
+        have = np.flatnonzero(stream["prompt"] == i)
+        if len(have) < share:
+            raise PipelineError(stream_path, f"holds {len(have)} step(s) of prompt {i}, fewer than the gate's share "
+                                f"({share}) of {steps} steps", "rerun the reference stage (snakemake --forcerun reference)")
+        keep.extend(have[:share])
+    return {**stream, **{key: stream[key][keep] for key in ("tokens", "prompt", "pos", "logits")}}
 
 
 def bundle_digest(manifest: dict[str, dict]) -> str:
@@ -301,7 +317,10 @@ def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
     with np.load(stream_path) as npz:
         stream = {k: npz[k] for k in npz.files}
     check_stream(stream, stream_path, record)
+    reference_steps = len(stream["tokens"])
+    stream = gate_steps(stream, len(settings["prompts"]), settings["steps"], stream_path)
     result, rows = run_gate(aimodelx, record, stream, settings, workers=workers)
+    result["reference_steps"] = reference_steps
     result.update({"model": model, "recipe": recipe, "bundle": record["bundle"], "bundle_sha256": bundle_digest(tested),
                    "lowered": aimodelx.name, "tested_files": {"aimodel": tested, "lowered": lowering["files"]},
                    "reference_sha256": sha256_file(stream_path),

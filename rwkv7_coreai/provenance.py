@@ -37,7 +37,7 @@ ABSENT = "absent"
 TOOLCHAIN_KEYS = ("python", "torch", "coreai-core", "coreai-torch", "coreai-opt")
 GATE_SUMMARY = ("pass", "steps", "agree_counted", "counted", "near_ties", "max_abs_dlogits", "mean_kl",
                 "bundle_sha256")
-GATE_SETTINGS = ("prompts", "near_tie_epsilon", "thresholds", "thresholds_why")
+GATE_SETTINGS = ("prompts", "near_tie_epsilon", "thresholds", "thresholds_why", "reference_steps", "steps_why")
 SHA1 = re.compile(r"[0-9a-f]{40}")
 
 

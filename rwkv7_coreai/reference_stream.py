@@ -24,7 +24,7 @@ import torch
 from . import stage
 from .checkpoint import load_checkpoint
 from .chunked import split_prompt
-from .config import origin
+from .config import origin, prompt_budgets
 from .errors import PipelineError, main_guard
 from .fsutil import atomic_path
 from .entrypoints import STATE_NAMES
@@ -34,11 +34,6 @@ from .vocab import read_tsv
 
 CHAT = "User: {prompt}\n\nAssistant:"
 EOS = 0
-
-
-def budgets(n_prompts: int, steps: int) -> list[int]:
-    base, extra = divmod(steps, n_prompts)
-    return [base + (1 if i < extra else 0) for i in range(n_prompts)]
 
 
 def prefill_length(prefill: dict, config_file: str = "config.yaml") -> int:
@@ -92,7 +87,7 @@ def reference_stream(source_dir: Path, vocab: dict[int, bytes], prompts: list[st
     ref = Reference(weights, geom, torch.float32)
     tok = TrieTokenizer(vocab)
     tokens, prompt_idx, positions, logits = [], [], [], []
-    for i, (prompt, budget) in enumerate(zip(prompts, budgets(len(prompts), steps))):
+    for i, (prompt, budget) in enumerate(zip(prompts, prompt_budgets(len(prompts), steps))):
         stream = [EOS] + tok.encode(CHAT.format(prompt=prompt))
         if len(stream) > budget:
             raise PipelineError(config_file, f"prompt {i} is {len(stream)} tokens, more than its share "

@@ -574,3 +574,18 @@ def test_thresholds_without_the_optional_max_abs_dlogits_render(work, capsys):
     text = block(render_card(work, capsys=capsys), "recipes")
     line = next(x for x in text.splitlines() if x.startswith("- `fp16`"))
     assert line == "- `fp16`: top-1 agreement outside near-ties ≥ 1.0, prefill max abs Δstate ≤ 0.1, near-tie epsilon 0.1"
+
+
+def test_a_recipe_gated_at_fewer_steps_says_so_with_the_models_reason(work, capsys):
+    """models/<model>/gate/steps: the card's stream sentence keeps the reference's steps and the
+    recipe's criteria line says how many of them it compared, and why."""
+    base = model_dir(work)
+    full = json.loads((base / "gate" / "fp16.json").read_text())["steps"]
+    why = "measured: the runtime dequantises every int8 weight on every call (README: Scale)"
+    edit_json(base / "gate" / "int8keepproj.json", steps=full - 9, reference_steps=full, steps_why=why)
+    text = block(render_card(work, capsys=capsys), "recipes")
+    assert f"({full} steps over " in text
+    lines = {line.split("`")[1]: line for line in text.splitlines() if line.startswith("- `")}
+    assert lines["int8keepproj"].endswith(f". **Compared at {full - 9} of the {full} steps** (each prompt's first "
+                                          f"share), this model's choice: {why}")
+    assert "Compared at" not in lines["fp16"] + lines["fp32"]

@@ -248,3 +248,32 @@ def test_a_models_gate_thresholds_need_a_why(raw):
     raw["models"]["rwkv7-tiny"]["gate"] = {"thresholds": {"fp16": {"min_agree": 0.9, "prefill_max_abs_dstate": 0.3}}}
     with pytest.raises(PipelineError, match="why"):
         config.validate(copy.deepcopy(raw), "config.yaml")
+
+
+def test_a_models_own_gate_steps_apply_to_that_model_and_recipe_only(raw):
+    raw["models"]["rwkv7-tiny"]["gate"] = {"steps": {"int8keepproj": 80}, "why": "measured: see the README's scale"}
+    cfg = config.validate(copy.deepcopy(raw), "config.yaml")
+
+    def gate(model, recipe):
+        return config.gate_settings(config.settings(cfg, "gate", model=model, recipe=recipe), recipe)
+
+    own = gate("rwkv7-tiny", "int8keepproj")
+    assert (own["steps"], own["steps_why"]) == (80, "measured: see the README's scale")
+    assert own["thresholds"] == raw["gate"]["thresholds"]["int8keepproj"] and "thresholds_why" not in own
+    for model, recipe in (("rwkv7-tiny", "fp16"), ("rwkv7-goose-1.5b", "int8keepproj")):
+        assert gate(model, recipe)["steps"] == raw["gate"]["steps"] and "steps_why" not in gate(model, recipe)
+    assert config.prompt_budgets(4, 127) == [32, 32, 32, 31] and config.prompt_budgets(2, 5) == [3, 2]
+
+
+@pytest.mark.parametrize("own, needle", [
+    ({"steps": {"int8": 80}, "why": "measured: see the README's scale"}, "gate/steps/int8: the model does not build"),
+    ({"steps": {"fp16": 128}, "why": "measured: see the README's scale"},
+     r"gate/steps/fp16 is 128: .* fix: use 4\.\.127, or remove the entry"),
+    ({"steps": {"fp16": 3}, "why": "measured: see the README's scale"}, "gate/steps/fp16 is 3"),
+    ({"steps": {"fp16": 80}}, "why"),
+    ({"why": "measured: see the README's scale"}, "models/rwkv7-tiny/gate"),
+])
+def test_a_models_own_gate_steps_are_checked(raw, own, needle):
+    raw["models"]["rwkv7-tiny"]["gate"] = own
+    with pytest.raises(PipelineError, match=needle):
+        config.validate(copy.deepcopy(raw), "config.yaml")

@@ -123,3 +123,67 @@ def test_gate_threads_follow_the_configured_shape(cfg):
 def test_the_gate_log_says_how_many_processes(tiny_results):
     log = Layout(tiny_results, MODEL).log(f"gate-{RECIPE}")
     assert "step(s) and the prefill check in 1 process(es)" in log.read_text()
+
+
+def test_a_models_own_steps_compare_each_prompts_first_share(tiny_results, tmp_path):
+    """models/<model>/gate/steps: the stage compares each prompt's first share of the fewer steps,
+    taken from the same reference stream. Those are the steps a reference made for that many
+    holds (computed independently here), their rows are the full gate's rows for the same
+    (prompt, pos), and the JSON states the count, the reference's count and the reason."""
+    import yaml
+
+    from rwkv7_coreai.reference_stream import reference_stream
+    from rwkv7_coreai.vocab import read_tsv
+
+    lay, recipe = Layout(tiny_results, MODEL), "int8keepproj"
+    raw = yaml.safe_load((tiny_results.parent / "config.yaml").read_text())
+    full_steps, n_prompts = raw["gate"]["steps"], len(raw["gate"]["prompts"])
+    steps = full_steps - 11  # an odd count: the first prompt gets the extra step
+    why = "measured: the runtime dequantises every int8 weight on every call"
+    raw["models"][MODEL]["gate"] = {"steps": {recipe: steps}, "why": why}
+    conf = tmp_path / "config.yaml"
+    conf.write_text(yaml.safe_dump(raw))
+
+    with np.load(lay.reference) as npz:
+        stream = {k: npz[k] for k in npz.files}
+    part = gate.gate_steps(stream, n_prompts, steps, lay.reference)
+    fresh = reference_stream(lay.source, read_tsv(lay.vocab), raw["gate"]["prompts"], steps)
+    for key in ("tokens", "prompt", "pos"):
+        assert np.array_equal(part[key], fresh[key]), key
+    assert np.allclose(part["logits"], fresh["logits"], atol=1e-5)
+    assert np.array_equal(part["prefill_tokens"], stream["prefill_tokens"])
+
+    out = tmp_path / "gate"
+    cmd = [sys.executable, "scripts/gate.py", "--config-file", str(conf), "--model", MODEL, "--recipe", recipe,
+           "--export", str(lay.export(recipe)), "--aot", str(lay.aot("universal", recipe)),
+           "--reference", str(lay.reference), "--json", str(out / "g.json"), "--tsv", str(out / "g.tsv"),
+           "--log", str(out / "g.log")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for var in ("OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK"):
+        env.pop(var, None)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result, built = (json.loads(p.read_text()) for p in (out / "g.json", lay.gate_json(recipe)))
+    assert (result["steps"], result["reference_steps"], result["steps_why"]) == (steps, full_steps, why)
+    assert built["reference_steps"] == built["steps"] == full_steps and "steps_why" not in built
+
+    def rows(tsv):
+        head, *lines = tsv.read_text().splitlines()
+        cols = head.split("\t")
+        return {(r["prompt"], r["pos"]): {k: v for k, v in r.items() if k != "step"}
+                for r in (dict(zip(cols, line.split("\t"))) for line in lines)}
+
+    few, every = rows(out / "g.tsv"), rows(lay.gate_tsv(recipe))
+    assert len(few) == steps and few == {key: every[key] for key in few}
+    shares = [sum(1 for p, _ in few if p == str(i)) for i in range(n_prompts)]
+    assert shares == config.prompt_budgets(n_prompts, steps) and sum(shares) == steps
+    assert result["prefill"] == built["prefill"]
+
+
+def test_a_stream_with_fewer_steps_than_the_gates_share_is_refused(tmp_path):
+    stream = {"prompt": np.array([0, 0, 0, 1, 1]), "tokens": np.arange(5), "pos": np.array([0, 1, 2, 0, 1]),
+              "logits": np.zeros((5, 3))}
+    assert gate.gate_steps(stream, 2, 4, tmp_path / "s.npz")["tokens"].tolist() == [0, 1, 3, 4]
+    with pytest.raises(PipelineError, match=r"s\.npz: holds 2 step\(s\) of prompt 1, fewer than the gate's share "
+                                            r"\(3\) of 6 steps -- fix: rerun the reference stage"):
+        gate.gate_steps(stream, 2, 6, tmp_path / "s.npz")
