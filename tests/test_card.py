@@ -586,6 +586,13 @@ def test_a_recipe_gated_at_fewer_steps_says_so_with_the_models_reason(work, caps
     text = block(render_card(work, capsys=capsys), "recipes")
     assert f"({full} steps over " in text
     lines = {line.split("`")[1]: line for line in text.splitlines() if line.startswith("- `")}
-    assert lines["int8keepproj"].endswith(f". **Compared at {full - 9} of the {full} steps** (each prompt's first "
-                                          f"share), this model's choice: {why}")
-    assert "Compared at" not in lines["fp16"] + lines["fp32"]
+    assert lines["int8keepproj"].endswith(f". **This model sets its own step count for `int8keepproj`** (compared at "
+                                          f"{full - 9} of the {full} steps, each prompt's first share): {why}")
+    assert "compared at" not in lines["fp16"] + lines["fp32"]
+    # with its own thresholds too (one why in config.yaml for both): one statement, the reason once
+    edit_json(base / "gate" / "int8keepproj.json", thresholds_why=why)
+    text = block(render_card(work, capsys=capsys), "recipes")
+    line = next(x for x in text.splitlines() if x.startswith("- `int8keepproj`"))
+    assert line.endswith(f". **This model sets its own thresholds and step count for `int8keepproj`** (compared at "
+                         f"{full - 9} of the {full} steps, each prompt's first share): {why}")
+    assert line.count(why) == 1

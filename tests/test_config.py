@@ -241,6 +241,8 @@ def test_a_models_own_gate_thresholds_replace_the_global_ones_for_that_model_onl
     assert {m for m in raw["models"] if "gate" in raw["models"][m]} == {"rwkv7-1.5b-shape", "rwkv7-tiny"}
     assert list(raw["models"]["rwkv7-1.5b-shape"]["gate"]["thresholds"]) == ["int8keepproj"]
     assert gate("rwkv7-1.5b-shape", "fp16")["thresholds"] == raw["gate"]["thresholds"]["fp16"]
+    # and compares 80 of int8keepproj's steps (README: "The gate at 1.5B"); fp16 keeps all of them
+    assert (gate("rwkv7-1.5b-shape", "int8keepproj")["steps"], gate("rwkv7-1.5b-shape", "fp16")["steps"]) == (80, 127)
     assert ("models", "rwkv7-tiny", "gate") in config.stage_keys("gate", model="rwkv7-tiny", recipe="fp16")
 
 

@@ -154,3 +154,23 @@ def test_prefill_speedup_no_prefill_failures_and_missing_logs_are_shown(inputs, 
     assert cell(page, "int8keepproj", "pass") == "FAIL" and cell(page, "fp16", "pass") == "PASS"
     assert "top-1 agreement 30/40" in page.locator('section[data-recipe="int8keepproj"] li.fail').inner_text()
     assert cell(page, "fp32", "export_seconds") == "no log"
+
+
+def test_a_recipe_gated_at_fewer_steps_is_shown_with_the_reason(inputs, page, tmp_path):
+    lay, rs = Layout(RESULTS, M), recipes()
+    gates = []
+    for r in rs:
+        g = json.loads(lay.gate_json(r).read_text())
+        if r == "int8keepproj":
+            g.update(steps=g["reference_steps"] - 11, steps_why="measured: per-call dequantisation")
+        gates.append(tmp_path / f"{r}.json")
+        gates[-1].write_text(json.dumps(g))
+    shutil.copytree(inputs / "doctor", tmp_path / "doctor")
+    shutil.copytree(inputs / "logs", tmp_path / "logs")
+    page.goto(build(tmp_path / "index.html", gates).as_uri())
+    full = json.loads(lay.gate_json("fp16").read_text())["steps"]
+    section = page.locator('section[data-recipe="int8keepproj"]').inner_text()
+    assert (f"Compared at {full - 11} of the reference's {full} steps (each prompt's first share), this model's "
+            "choice: measured: per-call dequantisation.") in section
+    assert "Compared at" not in page.locator('section[data-recipe="fp16"]').inner_text()
+    assert f"Gate stream: {full} teacher-forced steps" in page.inner_text("body")
