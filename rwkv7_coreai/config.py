@@ -99,12 +99,6 @@ def validate(cfg: dict, path: str | Path | None = None) -> dict:
                     raise PipelineError(where, f"models/{name}/gate/{key}/{recipe}: the model does not build "
                                         f"{recipe!r} (its recipes: {model['recipes']})",
                                         "remove the entry or add the recipe to the model's recipes")
-        for recipe, steps in own.get("steps", {}).items():
-            if not len(cfg["gate"]["prompts"]) <= steps <= cfg["gate"]["steps"]:
-                raise PipelineError(where, f"models/{name}/gate/steps/{recipe} is {steps}: a recipe's gate compares "
-                                    f"a part of the reference's gate/steps={cfg['gate']['steps']} steps, at least one "
-                                    f"per prompt ({len(cfg['gate']['prompts'])})",
-                                    f"use {len(cfg['gate']['prompts'])}..{cfg['gate']['steps']}, or remove the entry")
         for target in model["targets"]:
             if target not in cfg["targets"]:
                 raise PipelineError(where, f"models/{name} uses unknown target {target!r}",
@@ -125,6 +119,13 @@ def validate(cfg: dict, path: str | Path | None = None) -> dict:
     for name in cfg.get("build", []):
         if name not in cfg["models"]:
             raise PipelineError(where, f"build names unknown model {name!r}", f"use one of {sorted(cfg['models'])}")
+    lowest, highest = len(cfg["gate"]["prompts"]), cfg["gate"]["steps"]
+    for name in models_to_build(cfg):  # a model not built may keep steps for the usual gate.steps
+        for recipe, steps in cfg["models"][name].get("gate", {}).get("steps", {}).items():
+            if not lowest <= steps <= highest:
+                raise PipelineError(where, f"models/{name}/gate/steps/{recipe} is {steps}: a recipe's gate compares "
+                                    f"a part of the reference's gate/steps={highest} steps, at least one per prompt "
+                                    f"({lowest})", f"use {lowest}..{highest}, or remove the entry")
     return cfg
 
 

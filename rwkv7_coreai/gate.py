@@ -271,6 +271,10 @@ def gate_steps(stream: dict, n_prompts: int, steps: int, stream_path: Path) -> d
     ``steps`` (config.prompt_budgets), taken from the reference's stream of gate/steps steps.
     A prompt's steps are its tokens, then the reference's greedy continuation, so these are the
     steps a reference made for ``steps`` would hold. The prefill stream is kept whole."""
+    if steps > len(stream["tokens"]):
+        raise PipelineError(stream_path, f"holds {len(stream['tokens'])} steps, fewer than the {steps} this gate "
+                            "compares", "set the model's gate/steps for this recipe to at most gate/steps, or raise "
+                            "gate/steps (the reference stage then reruns)")
     keep = []
     for i, share in enumerate(prompt_budgets(n_prompts, steps)):
         have = np.flatnonzero(stream["prompt"] == i)

@@ -279,3 +279,14 @@ def test_a_models_own_gate_steps_are_checked(raw, own, needle):
     raw["models"]["rwkv7-tiny"]["gate"] = own
     with pytest.raises(PipelineError, match=needle):
         config.validate(copy.deepcopy(raw), "config.yaml")
+
+
+def test_a_models_own_steps_are_checked_only_when_it_is_built(raw):
+    """A shorter gate.steps (the tests' 40) leaves the disabled 1.5B stand-in's 80 alone; building
+    it with that gate is the one-line error."""
+    raw["gate"]["steps"] = 40
+    config.validate(copy.deepcopy(raw), "config.yaml")
+    raw["build"] = ["rwkv7-1.5b-shape"]
+    with pytest.raises(PipelineError, match=r"models/rwkv7-1.5b-shape/gate/steps/int8keepproj is 80: .* fix: use "
+                                            r"4\.\.40, or remove the entry"):
+        config.validate(copy.deepcopy(raw), "config.yaml")

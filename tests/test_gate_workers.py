@@ -184,6 +184,10 @@ def test_a_stream_with_fewer_steps_than_the_gates_share_is_refused(tmp_path):
     stream = {"prompt": np.array([0, 0, 0, 1, 1]), "tokens": np.arange(5), "pos": np.array([0, 1, 2, 0, 1]),
               "logits": np.zeros((5, 3))}
     assert gate.gate_steps(stream, 2, 4, tmp_path / "s.npz")["tokens"].tolist() == [0, 1, 3, 4]
-    with pytest.raises(PipelineError, match=r"s\.npz: holds 2 step\(s\) of prompt 1, fewer than the gate's share "
-                                            r"\(3\) of 6 steps -- fix: rerun the reference stage"):
+    with pytest.raises(PipelineError, match=r"s\.npz: holds 5 steps, fewer than the 6 this gate compares -- fix: set "
+                                            r"the model's gate/steps for this recipe to at most gate/steps"):
         gate.gate_steps(stream, 2, 6, tmp_path / "s.npz")
+    stale = {**stream, "prompt": np.array([0, 0, 0, 0, 1])}  # made for other prompts or steps
+    with pytest.raises(PipelineError, match=r"s\.npz: holds 1 step\(s\) of prompt 1, fewer than the gate's share "
+                                            r"\(2\) of 4 steps -- fix: rerun the reference stage"):
+        gate.gate_steps(stale, 2, 4, tmp_path / "s.npz")
