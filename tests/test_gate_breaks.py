@@ -17,6 +17,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from rwkv7_coreai import chunked, cli, export, export_graph
 from rwkv7_coreai.aot import build_target
@@ -204,8 +205,9 @@ def test_gate_cli_exits_nonzero_and_writes_no_output(control, tmp_path, cfg, str
     _corrupt_weights(top / "export" / f"{BUNDLE}.aimodel")
     build_target(top / "export", BUNDLE, "fp32", "universal", cfg["targets"]["universal"], cfg["aot"], top / "aot")
     conf = tmp_path / "config.yaml"
-    conf.write_text((cfg_path := os.path.join(os.path.dirname(__file__), "..", "config.yaml")) and
-                    open(cfg_path).read().replace("steps: 127", f"steps: {STEPS}"))
+    raw = yaml.safe_load(open(os.path.join(os.path.dirname(__file__), "..", "config.yaml")))
+    raw["gate"].update(prompts=PROMPTS, steps=STEPS)  # the stream's own
+    conf.write_text(yaml.safe_dump(raw, allow_unicode=True))
     rc = cli.gate(["--config-file", str(conf), "--model", "rwkv7-tiny", "--recipe", "fp32",
                    "--export", str(top / "export"), "--aot", str(top / "aot"), "--reference", str(stream_path),
                    "--json", str(tmp_path / "g.json"), "--tsv", str(tmp_path / "g.tsv")])
