@@ -147,7 +147,8 @@ def main() -> None:
                 gate_s, _, code, _, _ = run(["scripts/gate.py", *c, "--recipe", r, "--export", str(exp), "--aot", str(low),
                                           "--reference", str(ref), "--json", str(tmp / f"{r}.json"),
                                           "--tsv", str(tmp / f"{r}.tsv")], f"gate {r}", check=False)
-                g = json.loads((tmp / f"{r}.json").read_text()) if (tmp / f"{r}.json").is_file() else {}
+                verdict = next((p for p in (tmp / f"{r}.json", tmp / f"{r}.failed.json") if p.is_file()), None)
+                g = json.loads(verdict.read_text()) if verdict else {}  # a failing gate writes <r>.failed.json
                 row.update(gate_s=round(gate_s, 1), gate_s_per_step=round(gate_s / ns.gate_steps, 2), gate_exit=code,
                            gate_pass=g.get("pass"), gate_agree=f"{g.get('agree_counted')}/{g.get('counted')}",
                            gate_max_abs_dlogits=g.get("max_abs_dlogits"),
