@@ -133,19 +133,27 @@ def test_numbers_plots_and_card_in_chromium(inputs, page):
     assert "<!--" not in page.locator("#card").inner_text()
 
 
+def edited_gates(out: Path, edit) -> list[Path]:
+    """Every recipe's gate JSON of the build, passed through ``edit(recipe, gate)``, written to ``out``."""
+    paths = []
+    for r in recipes():
+        g = json.loads(Layout(RESULTS, M).gate_json(r).read_text())
+        edit(r, g)
+        paths.append(out / f"{r}.json")
+        paths[-1].write_text(json.dumps(g))
+    return paths
+
+
 def test_prefill_speedup_no_prefill_failures_and_missing_logs_are_shown(inputs, page, tmp_path):
-    lay, rs = Layout(RESULTS, M), recipes()
-    gates = []
-    for r in rs:
-        g = json.loads(lay.gate_json(r).read_text())
+    def edit(r, g):
         if r == "fp16":
             g["prefill"]["speedup"] = 11.46
         if r == "fp32":
             del g["prefill"]  # a bundle without a prefill function
         if r == "int8keepproj":
             g.update({"pass": False, "reasons": ["top-1 agreement 30/40 outside near-ties is below 1.0"]})
-        gates.append(tmp_path / f"{r}.json")
-        gates[-1].write_text(json.dumps(g))
+
+    gates = edited_gates(tmp_path, edit)
     shutil.copytree(inputs / "doctor", tmp_path / "doctor")  # and no logs beside it
     page.goto(build(tmp_path / "index.html", gates).as_uri())
     assert cell(page, "fp16", "prefill_speedup") == "11.5×"
@@ -157,14 +165,13 @@ def test_prefill_speedup_no_prefill_failures_and_missing_logs_are_shown(inputs, 
 
 
 def test_a_recipe_gated_at_fewer_steps_is_shown_with_the_reason(inputs, page, tmp_path):
-    lay, rs = Layout(RESULTS, M), recipes()
-    gates = []
-    for r in rs:
-        g = json.loads(lay.gate_json(r).read_text())
+    lay = Layout(RESULTS, M)
+
+    def edit(r, g):
         if r == "int8keepproj":
             g.update(steps=g["reference_steps"] - 11, steps_why="measured: per-call dequantisation")
-        gates.append(tmp_path / f"{r}.json")
-        gates[-1].write_text(json.dumps(g))
+
+    gates = edited_gates(tmp_path, edit)
     shutil.copytree(inputs / "doctor", tmp_path / "doctor")
     shutil.copytree(inputs / "logs", tmp_path / "logs")
     page.goto(build(tmp_path / "index.html", gates).as_uri())
