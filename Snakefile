@@ -6,8 +6,8 @@ import os
 
 from snakemake.utils import min_version, validate
 
-from rwkv7_coreai.config import read_yaml
-from rwkv7_coreai.errors import exit_on_error
+from recurrent_coreai.pipeline.config import read_yaml
+from recurrent_coreai.util.errors import exit_on_error
 
 min_version("9.27")
 
@@ -21,7 +21,7 @@ configfile: "config.yaml"
 include: "rules/common.smk"  # validates the merged config: one line per problem
 
 
-validate(config, schema="rwkv7_coreai/schemas/config.schema.yaml")
+validate(config, schema="recurrent_coreai/pipeline/schemas/config.schema.yaml")
 
 
 # download (network, Hugging Face cache) and publish (HF_TOKEN) run where snakemake runs, never

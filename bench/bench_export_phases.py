@@ -26,9 +26,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_linear  # noqa: E402
-from rwkv7_coreai import export  # noqa: E402
-from rwkv7_coreai.entrypoints import ENTRY_POINTS  # noqa: E402
-from rwkv7_coreai.geometry import Geometry  # noqa: E402
+from recurrent_coreai.stages import export  # noqa: E402
+from recurrent_coreai.coreai.entrypoints import ENTRY_POINTS  # noqa: E402
+from recurrent_coreai.families.rwkv7.geometry import Geometry  # noqa: E402
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ With ``--linears OUTxIN …`` it times ONE linear per recipe, ``--tokens`` T and
 
 Shapes: ``0.1b`` (12 layers x 768, ffn 3072, vocab 65536) and ``1.5b-wN`` (N layers of the
 1.5B width: hidden 2048, ffn 8192, LoRA 96/96/64/256, with the 65536 x 2048 embeddings and
-lm_head). Synthetic weights (rwkv7_coreai.synthetic). Results go to bench/out/linear.json
+lm_head). Synthetic weights (recurrent_coreai.families.rwkv7.synthetic). Results go to bench/out/linear.json
 (merged with what is there, keyed by shape/recipe/form).
 """
 from __future__ import annotations
@@ -61,10 +61,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_prefill import op_profile  # noqa: E402
 
-from rwkv7_coreai import export, export_graph, quantize  # noqa: E402
-from rwkv7_coreai.coreai_runtime import PromptSession, lower_universal  # noqa: E402
-from rwkv7_coreai.export_graph import RWKV7Decode, build_decode  # noqa: E402
-from rwkv7_coreai.geometry import Geometry  # noqa: E402
+from recurrent_coreai.stages import export  # noqa: E402
+from recurrent_coreai.families.rwkv7 import export_graph
+from recurrent_coreai.coreai import quantize
+from recurrent_coreai.coreai.runtime import PromptSession, lower_universal  # noqa: E402
+from recurrent_coreai.families.rwkv7.export_graph import RWKV7Decode, build_decode  # noqa: E402
+from recurrent_coreai.families.rwkv7.geometry import Geometry  # noqa: E402
 
 CHUNK = 64
 SEED = 1
@@ -306,7 +308,7 @@ def main() -> None:
 
 
 def synthetic_sd(g: Geometry) -> dict:
-    from rwkv7_coreai.synthetic import synthetic_state_dict
+    from recurrent_coreai.families.rwkv7.synthetic import synthetic_state_dict
 
     return synthetic_state_dict(g, SEED)
 

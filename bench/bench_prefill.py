@@ -34,10 +34,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rwkv7_coreai import export  # noqa: E402
-from rwkv7_coreai.coreai_runtime import PromptSession, lower_universal  # noqa: E402
-from rwkv7_coreai.export_graph import build_decode  # noqa: E402
-from rwkv7_coreai.geometry import Geometry  # noqa: E402
+from recurrent_coreai.stages import export  # noqa: E402
+from recurrent_coreai.coreai.runtime import PromptSession, lower_universal  # noqa: E402
+from recurrent_coreai.families.rwkv7.export_graph import build_decode  # noqa: E402
+from recurrent_coreai.families.rwkv7.geometry import Geometry  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------------
@@ -96,7 +96,7 @@ def geometry(name: str) -> tuple[Geometry, int]:
 
 def bench_model(name: str, chunks: list[int], n_prompt: int, n_main: int, dtype: torch.dtype, tmp: Path,
                 profile: bool = False) -> list[dict]:
-    from rwkv7_coreai.synthetic import synthetic_state_dict
+    from recurrent_coreai.families.rwkv7.synthetic import synthetic_state_dict
 
     g, seed = geometry(name)
     decode = build_decode(synthetic_state_dict(g, seed), g, dtype)

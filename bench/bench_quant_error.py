@@ -39,9 +39,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rwkv7_coreai import quantize  # noqa: E402
-from rwkv7_coreai.checkpoint import load_checkpoint  # noqa: E402
-from rwkv7_coreai.reference import Reference  # noqa: E402
+from recurrent_coreai.coreai import quantize  # noqa: E402
+from recurrent_coreai.families.rwkv7.checkpoint import load_checkpoint  # noqa: E402
+from recurrent_coreai.families.rwkv7.reference import Reference  # noqa: E402
 
 
 def fake_quant(w: torch.Tensor, bits: int, block: int) -> torch.Tensor:

@@ -34,7 +34,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rwkv7_coreai.geometry import Geometry, expected_shapes  # noqa: E402
+from recurrent_coreai.families.rwkv7.geometry import Geometry, expected_shapes  # noqa: E402
 
 BYTES = {"float16": 2, "float32": 4}
 SCALE_BYTES = 2  # one fp16 scale per block of a quantised weight

@@ -1,5 +1,5 @@
 rule card:
-    # Hugging Face model card from the measured numbers (template: rwkv7_coreai/templates/),
+    # Hugging Face model card from the measured numbers (template: recurrent_coreai/stages/templates/),
     # merged into cards/<model>.md when a maintainer keeps one.
     input:
         unpack(lambda w: stage_inputs(card_inputs, w)),

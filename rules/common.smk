@@ -4,11 +4,12 @@ import os
 import re
 import time
 
-from rwkv7_coreai import config as cfgmod
-from rwkv7_coreai import fingerprint, toolchain
-from rwkv7_coreai import resources as sizing  # cluster resources from the model's size
-from rwkv7_coreai.errors import exit_on_error
-from rwkv7_coreai.paths import STATE_DIR, Layout, card_inputs, publish_inputs
+from recurrent_coreai.pipeline import config as cfgmod
+from recurrent_coreai.pipeline import fingerprint
+from recurrent_coreai.coreai import toolchain
+from recurrent_coreai.pipeline import resources as sizing  # cluster resources from the model's size
+from recurrent_coreai.util.errors import exit_on_error
+from recurrent_coreai.pipeline.paths import STATE_DIR, Layout, card_inputs, publish_inputs
 
 RUN_START = time.time()  # outputs newer than this were built by this run (see scripts/dvc_record.py)
 # Snakemake merged config.yaml, every --configfile and --config into `config`; the stages read

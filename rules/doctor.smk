@@ -1,4 +1,4 @@
-from rwkv7_coreai.doctor import SOURCES as DOCTOR_SOURCES, doctor_json
+from recurrent_coreai.stages.doctor import SOURCES as DOCTOR_SOURCES, doctor_json
 
 
 rule doctor:

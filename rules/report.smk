@@ -1,4 +1,4 @@
-from rwkv7_coreai.report import report_inputs, report_path
+from recurrent_coreai.stages.report import report_inputs, report_path
 
 
 rule report:

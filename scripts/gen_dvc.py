@@ -3,8 +3,8 @@
 import sys
 from pathlib import Path
 
-from rwkv7_coreai import config
-from rwkv7_coreai.dag import render, snakemake_jobs
+from recurrent_coreai.pipeline import config
+from recurrent_coreai.pipeline.dag import render, snakemake_jobs
 
 text = render(snakemake_jobs("."), config.read_yaml(config.DEFAULT_FILE))
 if "--check" in sys.argv:

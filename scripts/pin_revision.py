@@ -8,8 +8,8 @@ import re
 import sys
 from pathlib import Path
 
-from rwkv7_coreai import config as cfgmod
-from rwkv7_coreai.errors import PipelineError, main_guard
+from recurrent_coreai.pipeline import config as cfgmod
+from recurrent_coreai.util.errors import PipelineError, main_guard
 
 
 @main_guard

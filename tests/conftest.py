@@ -32,7 +32,7 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def cfg():
-    from rwkv7_coreai import config
+    from recurrent_coreai.pipeline import config
 
     return config.load(ROOT / "config.yaml")
 
@@ -40,7 +40,7 @@ def cfg():
 @pytest.fixture(scope="session")
 def tiny_source(tmp_path_factory, cfg) -> Path:
     """results/<model>/source for the default tiny model, built once per session."""
-    from rwkv7_coreai.source import build_source
+    from recurrent_coreai.stages.source import build_source
 
     out = tmp_path_factory.mktemp("tiny") / "source"
     build_source("rwkv7-tiny", cfg["models"]["rwkv7-tiny"], cfg["vocab"], out)
@@ -49,7 +49,7 @@ def tiny_source(tmp_path_factory, cfg) -> Path:
 
 @pytest.fixture(scope="session")
 def world_vocab(cfg) -> dict[int, bytes]:
-    from rwkv7_coreai import vocab
+    from recurrent_coreai.tokenizers import world as vocab
 
     v = cfg["vocab"]
     return vocab.parse_world_vocab(vocab.package_vocab(v["package"], v["version"], v["file"], v["sha256"]))
@@ -102,7 +102,7 @@ class OpenedFiles:
         """The opened paths per DAG job (label: its DVC stage name, dag.stage_name) -- a process
         is the job whose shell command it runs, argument for argument -- and the argv of every
         process that is no job's (a helper such as scripts/dvc_record.py)."""
-        from rwkv7_coreai import dag
+        from recurrent_coreai.pipeline import dag
 
         by_cmd = {tuple(shlex.split(j["cmd"])): j for j in jobs if j["cmd"]}
         labels: dict[str, set[str]] = {}

@@ -706,8 +706,8 @@ def run_python(code: str, env: dict[str, str], *args: str, timeout: float = 60,
 DOWNLOAD = r'''
 import hashlib, json, sys
 from pathlib import Path
-from rwkv7_coreai.errors import main_guard
-from rwkv7_coreai.hub_download import fetch_hf
+from recurrent_coreai.util.errors import main_guard
+from recurrent_coreai.hub.download import fetch_hf
 
 @main_guard
 def main():

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rwkv7_coreai import aot
-from rwkv7_coreai.errors import PipelineError
-from rwkv7_coreai.records import read_aot
+from recurrent_coreai.stages import aot
+from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.pipeline.records import read_aot
 
 AOT_CFG = {"min_deployment_version": "27.0", "preferred_compute": "gpu"}
 FAKE = """#!/usr/bin/env python3
@@ -96,7 +96,7 @@ def test_missing_export_is_reported(tmp_path):
 INSPECTING_FAKE = """#!{python}
 import json, os, sys
 from pathlib import Path
-from rwkv7_coreai.coreai_runtime import bundle_signature
+from recurrent_coreai.coreai.runtime import bundle_signature
 args = sys.argv[1:]
 bundle = Path(args[2])
 Path(os.environ["FAKE_XCRUN_LOG"]).write_text(json.dumps({{"argv": args, "functions": bundle_signature(bundle)}}))
@@ -114,9 +114,9 @@ def test_device_compile_is_handed_a_bundle_with_every_function(tmp_path, monkeyp
 
     import torch
 
-    from rwkv7_coreai import export
-    from rwkv7_coreai.export_graph import RWKV7Decode
-    from rwkv7_coreai.geometry import Geometry
+    from recurrent_coreai.stages import export
+    from recurrent_coreai.families.rwkv7.export_graph import RWKV7Decode
+    from recurrent_coreai.families.rwkv7.geometry import Geometry
 
     g = Geometry(layers=1, hidden=64, head_dim=64, ffn=64, vocab=8, decay_lora=4, a_lora=4, v_lora=4, gate_lora=4)
     export_dir = tmp_path / "export"

@@ -20,12 +20,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from rwkv7_coreai import blinkdl, card, checkpoint, vocab
-from rwkv7_coreai.errors import PipelineError, main_guard
-from rwkv7_coreai.geometry import Geometry
-from rwkv7_coreai.source import build_source
-from rwkv7_coreai.vocab import VOCAB_FILE
-from rwkv7_coreai.synthetic import pack_mixers, synthetic_state_dict
+from recurrent_coreai.families.rwkv7 import blinkdl
+from recurrent_coreai.stages import card
+from recurrent_coreai.families.rwkv7 import checkpoint
+from recurrent_coreai.tokenizers import world as vocab
+from recurrent_coreai.util.errors import PipelineError, main_guard
+from recurrent_coreai.families.rwkv7.geometry import Geometry
+from recurrent_coreai.stages.source import build_source
+from recurrent_coreai.tokenizers.world import VOCAB_FILE
+from recurrent_coreai.families.rwkv7.synthetic import pack_mixers, synthetic_state_dict
 
 G = Geometry(layers=2, hidden=64, head_dim=32, ffn=128, vocab=256, decay_lora=8, a_lora=8, v_lora=8, gate_lora=8)
 INDEX = "model.safetensors.index.json"  # the Hugging Face sharded layout

@@ -31,8 +31,8 @@ import yaml
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from rwkv7_coreai import beta_watch
-from rwkv7_coreai.errors import PipelineError
+from recurrent_coreai.tools import beta_watch
+from recurrent_coreai.util.errors import PipelineError
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE, OLD, NEW = "coreai-opt", "0.4.0", "0.4.1b1"
@@ -220,8 +220,8 @@ def _degrade(tree: Path) -> None:
     """A worse bundle in the rebuilt tree, built for real by the stage entry points: the fp32
     recipe re-exported with fp16 weights (and gate thresholds that let it pass, so beta-watch's
     own limits, not the gate, must catch it)."""
-    from rwkv7_coreai import cli
-    from rwkv7_coreai.paths import Layout
+    from recurrent_coreai.stages import cli
+    from recurrent_coreai.pipeline.paths import Layout
 
     cfg = yaml.safe_load((tree / "config.yaml").read_text())
     cfg["results"] = str(tree / "results")
@@ -254,7 +254,7 @@ def test_apply_rebuilds_exactly_the_toolchain_stages_and_reports(index, tiny_res
     run("snakemake --cores 1 --touch publish && git commit -qam baseline", repo)  # realign file times, record in DVC
     assert "Nothing to be done" in run("snakemake -n --cores 1 publish", repo).stdout
     baseline = _digests(repo / "results")
-    cli = f"{sys.executable} -m rwkv7_coreai beta-watch --index-url {url}"
+    cli = f"{sys.executable} -m recurrent_coreai beta-watch --index-url {url}"
 
     dry = run(cli, repo)
     assert f"{PACKAGE} {OLD} -> {NEW} (pre-release)" in dry.stdout

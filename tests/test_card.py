@@ -1,4 +1,4 @@
-"""The model card (rwkv7_coreai.card and the ``card`` CLI) on a copy of the tiny pipeline run.
+"""The model card (recurrent_coreai.stages.card and the ``card`` CLI) on a copy of the tiny pipeline run.
 
 Every test works on a private copy of what the card stage reads from ``results/`` (source manifest
 and README, export.json / gate JSON per recipe, vocab, toolchain.json) and of ``config.yaml``; the
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rwkv7_coreai import card as c
-from rwkv7_coreai import cli
-from rwkv7_coreai.paths import stage_args
+from recurrent_coreai.stages import card as c
+from recurrent_coreai.stages import cli
+from recurrent_coreai.pipeline.paths import stage_args
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS: Path = REPO_ROOT / "results"  # set to the session-built tree by conftest.py, never results/
@@ -256,8 +256,8 @@ def test_the_cards_app_code_prefills_then_decodes_like_the_reference(work, capsy
     import numpy as np
     import torch
 
-    from rwkv7_coreai.checkpoint import load_checkpoint
-    from rwkv7_coreai.reference import Reference
+    from recurrent_coreai.families.rwkv7.checkpoint import load_checkpoint
+    from recurrent_coreai.families.rwkv7.reference import Reference
 
     usage = block(render_card(work, capsys=capsys), "usage")
     code = usage.split("```python\n", 1)[1].split("```", 1)[0]

@@ -12,15 +12,15 @@ import pytest
 import yaml
 
 from hubserver import HubServer, client_env, run_python
-from rwkv7_coreai import catalog
-from rwkv7_coreai.errors import PipelineError
-from rwkv7_coreai.paths import stage_args
+from recurrent_coreai.hub import catalog
+from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.pipeline.paths import stage_args
 
 RESULTS = None  # the tiny results tree (conftest)
 M = "rwkv7-tiny"
 HUB_REPO = "tester/RWKV7-Tiny-CoreAI"
 TOKEN = "hf_FAKE_catalog_token_7"
-PUBLISH = "import sys\nfrom rwkv7_coreai.cli import publish\nsys.exit(publish(sys.argv[1:]))\n"
+PUBLISH = "import sys\nfrom recurrent_coreai.stages.cli import publish\nsys.exit(publish(sys.argv[1:]))\n"
 TODAY = dt.date(2026, 11, 30)
 
 

@@ -15,13 +15,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from rwkv7_coreai import blinkdl, checkpoint
-from rwkv7_coreai.config import load as load_config
-from rwkv7_coreai.errors import PipelineError
-from rwkv7_coreai.geometry import Geometry, expected_shapes
-from rwkv7_coreai.records import read_manifest
-from rwkv7_coreai.source import build_source
-from rwkv7_coreai.synthetic import pack_mixers, synthetic_state_dict, write_weights
+from recurrent_coreai.families.rwkv7 import blinkdl
+from recurrent_coreai.families.rwkv7 import checkpoint
+from recurrent_coreai.pipeline.config import load as load_config
+from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.families.rwkv7.geometry import Geometry, expected_shapes
+from recurrent_coreai.pipeline.records import read_manifest
+from recurrent_coreai.stages.source import build_source
+from recurrent_coreai.families.rwkv7.synthetic import pack_mixers, synthetic_state_dict, write_weights
 
 REPO = Path(__file__).resolve().parents[1]
 G = Geometry(layers=2, hidden=128, head_dim=64, ffn=256, vocab=512,

@@ -1,4 +1,4 @@
-"""The chunked WKV7 form (rwkv7_coreai.chunked) and the ``prefill`` entry point.
+"""The chunked WKV7 form (recurrent_coreai.families.rwkv7.chunked) and the ``prefill`` entry point.
 
 Two levels, each against an independent path:
 * WKV: ``chunked.wkv_chunk`` vs a per-token recurrence written here (fp64 oracle), chunks 1/16/64;
@@ -30,10 +30,12 @@ import textwrap
 import pytest
 import torch
 
-from rwkv7_coreai import chunked, export, export_graph
-from rwkv7_coreai.checkpoint import load_checkpoint
-from rwkv7_coreai.export_graph import build_decode, build_prefill, prefill_example_inputs
-from rwkv7_coreai.reference import Reference, State
+from recurrent_coreai.families.rwkv7 import chunked
+from recurrent_coreai.stages import export
+from recurrent_coreai.families.rwkv7 import export_graph
+from recurrent_coreai.families.rwkv7.checkpoint import load_checkpoint
+from recurrent_coreai.families.rwkv7.export_graph import build_decode, build_prefill, prefill_example_inputs
+from recurrent_coreai.families.rwkv7.reference import Reference, State
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -126,7 +128,7 @@ def test_fp16_chunk_needs_fp32_inside():
 
 
 def test_prefill_chunk_bound():
-    from rwkv7_coreai.geometry import Geometry
+    from recurrent_coreai.families.rwkv7.geometry import Geometry
 
     g = Geometry(layers=1, hidden=64, head_dim=64, ffn=64, vocab=8, decay_lora=4, a_lora=4, v_lora=4, gate_lora=4)
     decode = export_graph.RWKV7Decode(g)
@@ -297,7 +299,7 @@ def test_state_written_twice_is_counted(monkeypatch):
     unfused mutant. The two exports use the same chunk size in one process: the chunk's mask
     constants are made per trace, so the second trace must not meet tensors of the first (it did
     when the mask tensors were cached)."""
-    from rwkv7_coreai.geometry import Geometry
+    from recurrent_coreai.families.rwkv7.geometry import Geometry
 
     g = Geometry(layers=2, hidden=64, head_dim=64, ffn=64, vocab=8, decay_lora=4, a_lora=4, v_lora=4, gate_lora=4)
     T = 8  # a size no other test of this module has made masks for, so the first trace makes them

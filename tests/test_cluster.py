@@ -1,4 +1,4 @@
-"""Cluster execution: per-job resources from the model's size (rwkv7_coreai/resources.py), and
+"""Cluster execution: per-job resources from the model's size (recurrent_coreai/pipeline/resources.py), and
 the default DAG through profiles/slurm on a real single-node SLURM (Debian's slurm-wlm 22.05
 with slurmdbd, started by tests/cluster/start.sh), every job checked in `sacct`."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rwkv7_coreai import resources
-from rwkv7_coreai.geometry import Geometry
+from recurrent_coreai.pipeline import resources
+from recurrent_coreai.families.rwkv7.geometry import Geometry
 from repo_copies import SHORT_GATE
 
 ROOT = Path(__file__).resolve().parents[1]

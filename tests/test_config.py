@@ -10,8 +10,8 @@ import sys
 import pytest
 import yaml
 
-from rwkv7_coreai import config
-from rwkv7_coreai.errors import PipelineError
+from recurrent_coreai.pipeline import config
+from recurrent_coreai.util.errors import PipelineError
 
 
 @pytest.fixture()
@@ -41,7 +41,7 @@ def test_the_1_5b_entries_stage_the_shipped_repos_layout(cfg, model):
     """The shipped recipe (int8keepproj) under the bare name, other recipes suffixed; each
     target's folder holds <bundle>.<target>.aimodelc beside the vocabulary (what publish stages:
     tests/test_publish.py checks the staged tree against paths.published_folders)."""
-    from rwkv7_coreai.paths import VOCAB_TSV, bundle_name, published_folders
+    from recurrent_coreai.pipeline.paths import VOCAB_TSV, bundle_name, published_folders
 
     m = cfg["models"][model]
     assert (m["dir"], m["shipped"], m["recipes"]) == ("rwkv7_goose_1_5b", "int8keepproj", ["fp16", "int8keepproj"])
@@ -55,8 +55,8 @@ def test_the_1_5b_entries_stage_the_shipped_repos_layout(cfg, model):
 
 
 def test_the_1_5b_shape_entry_has_the_real_geometry(cfg):
-    from rwkv7_coreai.geometry import Geometry
-    from rwkv7_coreai.resources import parameters
+    from recurrent_coreai.families.rwkv7.geometry import Geometry
+    from recurrent_coreai.pipeline.resources import parameters
 
     src = cfg["models"]["rwkv7-1.5b-shape"]["source"]
     assert src["kind"] == "synthetic" and src["layout"] == "fla-packed"
@@ -119,7 +119,7 @@ def test_snakemake_fails_at_start_with_the_schema_message(repo_root, raw, tmp_pa
     proc = _snakemake(repo_root, "publish", "--configfile", str(bad), "--directory", str(tmp_path / "wd"))
     assert proc.returncode == 1
     assert _errors(proc) == [f"error: {bad}: invalid value at gate/steps: -3 is less than "
-                                        "the minimum of 1 -- fix: correct it as rwkv7_coreai/schemas/config.schema.yaml "
+                                        "the minimum of 1 -- fix: correct it as recurrent_coreai/pipeline/schemas/config.schema.yaml "
                                         "describes"], proc.stderr
 
 
@@ -198,7 +198,7 @@ def test_a_config_file_holding_only_one_model_merges_and_builds_it(repo_root, ra
 
 
 def test_invalid_yaml_names_the_file_and_line(repo_root, tmp_path):
-    from rwkv7_coreai.config import read_yaml
+    from recurrent_coreai.pipeline.config import read_yaml
 
     bad = tmp_path / "config.yaml"
     bad.write_text("results: results\nmodels: [1, 2\nbuild: []\n")

@@ -7,7 +7,9 @@ import copy
 import pytest
 import yaml
 
-from rwkv7_coreai import config, dag, fingerprint
+from recurrent_coreai.pipeline import config
+from recurrent_coreai.pipeline import dag
+from recurrent_coreai.pipeline import fingerprint
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +79,7 @@ def test_each_stage_fingerprints_its_own_code_and_no_other_stages(rule):
     (end to end for a sample: tests/test_pipeline_integration.py)."""
     script, module = fingerprint.ENTRY[rule]
     files = set(fingerprint.code_files(rule))
-    assert {f"scripts/{script}.py", f"rwkv7_coreai/{module}.py"} <= files
+    assert {f"scripts/{script}.py", f"recurrent_coreai/{module}.py"} <= files
     others = {f"scripts/{s}.py" for r, (s, _) in fingerprint.ENTRY.items() if r != rule}
     assert not files & others, f"{rule} also fingerprints {sorted(files & others)}"
     before = fingerprint.digest(rule)

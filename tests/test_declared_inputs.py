@@ -9,8 +9,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from rwkv7_coreai import dag
-from rwkv7_coreai.fingerprint import code_files
+from recurrent_coreai.pipeline import dag
+from recurrent_coreai.pipeline.fingerprint import code_files
 
 # fsutil.atomic_path writes <dir>/.<name>.<random>.tmp/<name>: that is <dir>/<name>, the output
 TEMP = re.compile(r"/\.([^/]+)\.[A-Za-z0-9_]+\.tmp(?:/\1)?(?=/|$)")
@@ -30,7 +30,7 @@ def test_every_file_a_stage_opens_is_a_declared_input_or_output(opened_files, re
     tracked = set(subprocess.run(["git", "ls-files"], cwd=repo_root, capture_output=True, text=True,
                                  check=True).stdout.splitlines())
     tree = opened_files.tree  # the copy the build ran in: the recorded paths point into it
-    results, package = tree / "results", tree / "rwkv7_coreai"
+    results, package = tree / "results", tree / "recurrent_coreai"
     by_label, others = opened_files.by_label(jobs)
     checked, undeclared = 0, []
     for label, opened in sorted(by_label.items()):

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from rwkv7_coreai import doctor
-from rwkv7_coreai.paths import Layout
+from recurrent_coreai.stages import doctor
+from recurrent_coreai.pipeline.paths import Layout
 
 RESULTS = None  # the tiny results tree (conftest)
 M = "rwkv7-tiny"

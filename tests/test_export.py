@@ -7,10 +7,12 @@ import json
 import pytest
 import torch
 
-from rwkv7_coreai import cli, export, quantize
-from rwkv7_coreai.errors import PipelineError
-from rwkv7_coreai.export_graph import RWKV7Decode
-from rwkv7_coreai.geometry import Geometry
+from recurrent_coreai.stages import cli
+from recurrent_coreai.stages import export
+from recurrent_coreai.coreai import quantize
+from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.families.rwkv7.export_graph import RWKV7Decode
+from recurrent_coreai.families.rwkv7.geometry import Geometry
 
 TINY = Geometry(layers=2, hidden=128, head_dim=64, ffn=512, vocab=65536, decay_lora=16, a_lora=16, v_lora=16,
                 gate_lora=32)
@@ -91,7 +93,7 @@ def test_int4keepproj_export_records_the_plan(tiny_source, tmp_path, cfg):
     """One bundle, both entry points, built over the ONE quantised module: each function's graph
     holds the plan's quantised weights, and the weights are stored once (the prefill function adds
     a few graph ops, not a second copy of the fp16 weights)."""
-    from rwkv7_coreai.coreai_runtime import bundle_signature
+    from recurrent_coreai.coreai.runtime import bundle_signature
 
     rec = export.export_recipe(tiny_source, "int4keepproj", cfg["recipes"]["int4keepproj"], "t-int4keepproj",
                                tmp_path / "out", chunk=16)
@@ -126,7 +128,7 @@ def test_an_int4_weight_is_packed_once_for_both_functions_and_freed(tiny_source,
     int8 originals and each packed tensor
     once converted (1.5B int4keepproj: 4.23 -> see the README's scale table). The bundle is the
     same bytes as a conversion that frees nothing."""
-    from rwkv7_coreai.entrypoints import ENTRY_POINTS
+    from recurrent_coreai.coreai.entrypoints import ENTRY_POINTS
 
     q = cfg["recipes"]["int4keepproj"]["quantize"]
     bundles, programs = {}, {}

@@ -30,14 +30,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from rwkv7_coreai import export_graph
-from rwkv7_coreai.config import load as load_config
-from rwkv7_coreai.export_graph import build_decode
-from rwkv7_coreai.geometry import Geometry
-from rwkv7_coreai.reference import Reference, State
-from rwkv7_coreai.synthetic import synthetic_state_dict
-from rwkv7_coreai.tokenizer import TrieTokenizer
-from rwkv7_coreai.vocab import package_vocab, parse_world_vocab
+from recurrent_coreai.families.rwkv7 import export_graph
+from recurrent_coreai.pipeline.config import load as load_config
+from recurrent_coreai.families.rwkv7.export_graph import build_decode
+from recurrent_coreai.families.rwkv7.geometry import Geometry
+from recurrent_coreai.families.rwkv7.reference import Reference, State
+from recurrent_coreai.families.rwkv7.synthetic import synthetic_state_dict
+from recurrent_coreai.tokenizers.trie import TrieTokenizer
+from recurrent_coreai.tokenizers.world import package_vocab, parse_world_vocab
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -19,12 +19,15 @@ import pytest
 import torch
 import yaml
 
-from rwkv7_coreai import chunked, cli, export, export_graph
-from rwkv7_coreai.aot import build_target
-from rwkv7_coreai.errors import PipelineError
-from rwkv7_coreai.export import export_recipe
-from rwkv7_coreai.gate import gate_bundle
-from rwkv7_coreai.reference_stream import reference_stream
+from recurrent_coreai.families.rwkv7 import chunked
+from recurrent_coreai.stages import cli
+from recurrent_coreai.stages import export
+from recurrent_coreai.families.rwkv7 import export_graph
+from recurrent_coreai.stages.aot import build_target
+from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.stages.export import export_recipe
+from recurrent_coreai.stages.gate import gate_bundle
+from recurrent_coreai.stages.reference import reference_stream
 from test_chunked import WKV_MUTATIONS, mutant_wkv_chunk
 
 PROMPTS = ["Hello, who are you?", "What is 17 times 23?"]

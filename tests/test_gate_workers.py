@@ -15,10 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rwkv7_coreai import config, gate, resources
-from rwkv7_coreai.errors import PipelineError
-from rwkv7_coreai.paths import Layout
-from rwkv7_coreai.records import read_aot, read_export
+from recurrent_coreai.pipeline import config
+from recurrent_coreai.stages import gate
+from recurrent_coreai.pipeline import resources
+from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.pipeline.paths import Layout
+from recurrent_coreai.pipeline.records import read_aot, read_export
 
 MODEL, RECIPE = "rwkv7-tiny", "fp16"
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,8 +134,8 @@ def test_a_models_own_steps_compare_each_prompts_first_share(tiny_results, tmp_p
     (prompt, pos), and the JSON states the count, the reference's count and the reason."""
     import yaml
 
-    from rwkv7_coreai.reference_stream import reference_stream
-    from rwkv7_coreai.vocab import read_tsv
+    from recurrent_coreai.stages.reference import reference_stream
+    from recurrent_coreai.tokenizers.world import read_tsv
 
     lay, recipe = Layout(tiny_results, MODEL), "int8keepproj"
     raw = yaml.safe_load((tiny_results.parent / "config.yaml").read_text())

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from rwkv7_coreai import generate as gen
-from rwkv7_coreai.errors import PipelineError
-from rwkv7_coreai.paths import Layout
-from rwkv7_coreai.sampling import Sampler, Sampling, filtered_probs, penalize
-from rwkv7_coreai.tokenizer import TrieTokenizer
-from rwkv7_coreai.vocab import read_tsv
+from recurrent_coreai.tools import generate as gen
+from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.pipeline.paths import Layout
+from recurrent_coreai.tools.sampling import Sampler, Sampling, filtered_probs, penalize
+from recurrent_coreai.tokenizers.trie import TrieTokenizer
+from recurrent_coreai.tokenizers.world import read_tsv
 
 RESULTS = None  # the tiny results tree (conftest)
 M = "rwkv7-tiny"
@@ -68,8 +68,8 @@ LONG = "Tell me everything you know about " + ", ".join(["the sea", "the mountai
 
 @pytest.mark.parametrize("prompt", [PROMPT, LONG], ids=["short-through-main", "long-through-prefill"])
 def test_greedy_equals_the_reference_token_for_token(fp32_session, tokenizer, one_thread, prompt):
-    from rwkv7_coreai.checkpoint import load_checkpoint
-    from rwkv7_coreai.reference import Reference
+    from recurrent_coreai.families.rwkv7.checkpoint import load_checkpoint
+    from recurrent_coreai.families.rwkv7.reference import Reference
 
     ids = gen.chat_tokens(tokenizer, prompt)
     assert ids[0] == 0 and tokenizer.decode(ids) == f"User: {prompt}\n\nAssistant:".encode()

@@ -1,4 +1,4 @@
-"""``rwkv7_coreai.hub_download.fetch_hf`` against a local stand-in of the Hub (tests/hubserver.py).
+"""``recurrent_coreai.hub.download.fetch_hf`` against a local stand-in of the Hub (tests/hubserver.py).
 
 Every client session runs in a subprocess: huggingface_hub reads HF_ENDPOINT / HF_HOME /
 HF_HUB_OFFLINE when it is imported. The subprocess calls fetch_hf through ``errors.main_guard``,
@@ -175,8 +175,8 @@ def test_corrupted_body_of_the_right_size_is_rejected(hub, sha, hf_home, name, k
 # --- refused before any request ------------------------------------------------------------------
 REFUSE = r'''
 import json, sys
-from rwkv7_coreai.errors import PipelineError
-from rwkv7_coreai.hub_download import fetch_hf
+from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.hub.download import fetch_hf
 out = []
 for revision in json.loads(sys.argv[1]):
     try:

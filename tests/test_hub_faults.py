@@ -119,7 +119,7 @@ def source_stage(hub, tmp_path, token, sha) -> tuple[Run, Path, Path]:
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     out = tmp_path / "results" / "rwkv7-tiny" / "source"
     log = tmp_path / "results" / "logs" / "rwkv7-tiny" / "source.log"
-    code = "import sys\nfrom rwkv7_coreai.cli import source\nsys.exit(source(sys.argv[1:]))\n"
+    code = "import sys\nfrom recurrent_coreai.stages.cli import source\nsys.exit(source(sys.argv[1:]))\n"
     run = run_client(code, client_env(hub, tmp_path / "hf_home", token=token), "--config-file",
                      str(tmp_path / "config.yaml"), "--model", "rwkv7-tiny", "--out", str(out), "--log", str(log))
     return no_leak(run, token, hub, tmp_path), out, log
@@ -231,8 +231,8 @@ def test_download_read_timeout(hub, sha, tmp_path, token):
 UPLOAD = r'''
 import json, os, sys
 from pathlib import Path
-from rwkv7_coreai.errors import main_guard
-from rwkv7_coreai.hub_upload import upload_tree
+from recurrent_coreai.util.errors import main_guard
+from recurrent_coreai.hub.upload import upload_tree
 
 @main_guard
 def main():

@@ -1,4 +1,4 @@
-"""``rwkv7_coreai.hub_upload.upload_tree`` against a local stand-in of the Hub (tests/hubserver.py).
+"""``recurrent_coreai.hub.upload.upload_tree`` against a local stand-in of the Hub (tests/hubserver.py).
 
 Each client session runs in a subprocess (huggingface_hub reads HF_ENDPOINT and HF_HUB_DISABLE_XET
 at import time). The token is a recognisable fake; it must never come back out.
@@ -21,8 +21,8 @@ COMMIT = f"/api/models/{REPO}/commit/*"
 UPLOAD = r'''
 import json, sys
 from pathlib import Path
-from rwkv7_coreai.errors import PipelineError
-from rwkv7_coreai.hub_upload import upload_tree
+from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.hub.upload import upload_tree
 
 args = json.loads(sys.argv[1])
 try:

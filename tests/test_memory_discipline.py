@@ -29,10 +29,10 @@ from pathlib import Path
 
 import pytest
 
-from rwkv7_coreai import quantize
-from rwkv7_coreai.fsutil import dumps_json
-from rwkv7_coreai.geometry import Geometry
-from rwkv7_coreai.synthetic import synthetic_state_dict, write_weights
+from recurrent_coreai.coreai import quantize
+from recurrent_coreai.util.fsutil import dumps_json
+from recurrent_coreai.families.rwkv7.geometry import Geometry
+from recurrent_coreai.families.rwkv7.synthetic import synthetic_state_dict, write_weights
 
 RSS_PER_BUNDLE_BYTE = 1.5
 QUANT_TEMP_PER_WEIGHT = 12  # bytes of coreai-opt temporaries per weight of the slice it quantises
@@ -43,7 +43,7 @@ CHUNK = 16  # prefill chunk: a shorter trace; memory is the weights'
 CHILD = """
 import json, re, sys
 from pathlib import Path
-from rwkv7_coreai import export
+from recurrent_coreai.stages import export
 recipe, spec, root = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3])
 def status(key):
     return int(re.search(key + r":\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024

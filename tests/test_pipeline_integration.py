@@ -217,12 +217,12 @@ def _dvc_changed_stages(repo) -> set[str]:
 # fingerprint in process: its own script and modules in, the other stages' out).
 @pytest.mark.parametrize("edit, rule", [
     *[(f"scripts/{s}.py", r) for s, r in [("source", "source"), ("gate", "gate"), ("publish", "stage_and_push")]],
-    ("rwkv7_coreai/templates/model_card.md.j2", "card"),
-    ("rwkv7_coreai/reference.py", "reference"),
-    ("rwkv7_coreai/quantize.py", "export"),
+    ("recurrent_coreai/stages/templates/model_card.md.j2", "card"),
+    ("recurrent_coreai/families/rwkv7/reference.py", "reference"),
+    ("recurrent_coreai/coreai/quantize.py", "export"),
 ])
 def test_a_code_change_reruns_exactly_the_stages_that_run_it(smk_repo, edit, rule):
-    from rwkv7_coreai import dag
+    from recurrent_coreai.pipeline import dag
 
     repo, _ = smk_repo
     jobs = dag.snakemake_jobs(repo)

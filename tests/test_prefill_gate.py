@@ -24,11 +24,12 @@ import pytest
 import torch
 import yaml
 
-from rwkv7_coreai import config, gate
-from rwkv7_coreai.checkpoint import load_checkpoint
-from rwkv7_coreai.errors import PipelineError
-from rwkv7_coreai.reference import Reference
-from rwkv7_coreai.reference_stream import prefill_length, reference_stream
+from recurrent_coreai.pipeline import config
+from recurrent_coreai.stages import gate
+from recurrent_coreai.families.rwkv7.checkpoint import load_checkpoint
+from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.families.rwkv7.reference import Reference
+from recurrent_coreai.stages.reference import prefill_length, reference_stream
 
 PROMPTS = ["Hello, who are you?", "What is 17 times 23?"]
 STEPS, CHUNK = 28, 16

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from rwkv7_coreai.progress import Progress, progress
+from recurrent_coreai.util.progress import Progress, progress
 
 
 class Clock:

@@ -22,8 +22,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from rwkv7_coreai import provenance, signing
-from rwkv7_coreai.errors import PipelineError
+from recurrent_coreai.hub import provenance
+from recurrent_coreai.hub import signing
+from recurrent_coreai.util.errors import PipelineError
 
 MODEL, RECIPE = "rwkv7-tiny", "int8keepproj"  # the smallest recipe of the tiny tree
 BUNDLE = f"{MODEL}-{RECIPE}"

@@ -1,4 +1,4 @@
-"""Publishing (rwkv7_coreai.publish and the ``publish`` CLI) on a copy of the tiny pipeline run.
+"""Publishing (recurrent_coreai.stages.publish and the ``publish`` CLI) on a copy of the tiny pipeline run.
 
 The staging tree, its receipt, the refusal to publish a bundle without a passing gate, the push
 decision, and a real push (in a subprocess, as the pipeline runs it) against the local Hub stand-in
@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from hubserver import HubServer, client_env, run_python
-from rwkv7_coreai import card as c
-from rwkv7_coreai import cli
-from rwkv7_coreai.paths import stage_args
-from rwkv7_coreai import publish as p
+from recurrent_coreai.stages import card as c
+from recurrent_coreai.stages import cli
+from recurrent_coreai.pipeline.paths import stage_args
+from recurrent_coreai.stages import publish as p
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS: Path = REPO_ROOT / "results"  # set to the session-built tree by conftest.py, never results/
@@ -229,7 +229,7 @@ def test_a_recipe_without_a_passing_gate_is_refused(tmp_path, no_token, capsys, 
 def test_the_staged_folders_are_the_configured_names(staged, tmp_path, capsys):
     """Publish stages exactly paths.published_folders; bundles built under other names (here:
     the config now ships int8keepproj under the bare dir name) are refused in one line."""
-    from rwkv7_coreai.paths import published_folders
+    from recurrent_coreai.pipeline.paths import published_folders
 
     cfg = yaml.safe_load(staged["config"].read_text())["models"][MODEL]
     out = staged["out"]
@@ -298,8 +298,8 @@ def test_decide_accepts_the_legacy_token_variable(monkeypatch, no_token):
 
 
 # --- a real push against the local Hub stand-in ---------------------------------------------------------
-PUBLISH = "import sys\nfrom rwkv7_coreai.cli import publish\nsys.exit(publish(sys.argv[1:]))\n"
-CARD = "import sys\nfrom rwkv7_coreai.cli import card\nsys.exit(card(sys.argv[1:]))\n"
+PUBLISH = "import sys\nfrom recurrent_coreai.stages.cli import publish\nsys.exit(publish(sys.argv[1:]))\n"
+CARD = "import sys\nfrom recurrent_coreai.stages.cli import card\nsys.exit(card(sys.argv[1:]))\n"
 MAINTAINER_NOTE = "\n> Maintainer's note: fp16 is the bundle to start with on iPhone.\n"
 
 
@@ -468,7 +468,7 @@ def test_publish_attests_and_signs_every_bundle_folder_and_a_changed_byte_fails(
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    from rwkv7_coreai import signing
+    from recurrent_coreai.hub import signing
 
     key = tmp_path / "keys" / "signing.pem"
     key.parent.mkdir()

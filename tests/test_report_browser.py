@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 import yaml
 
-from rwkv7_coreai import doctor, export, report
-from rwkv7_coreai.paths import Layout
-from rwkv7_coreai.records import read_export
+from recurrent_coreai.stages import doctor
+from recurrent_coreai.stages import export
+from recurrent_coreai.stages import report
+from recurrent_coreai.pipeline.paths import Layout
+from recurrent_coreai.pipeline.records import read_export
 
 RESULTS = None  # the tiny results tree (conftest)
 M = "rwkv7-tiny"

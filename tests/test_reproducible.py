@@ -1,4 +1,4 @@
-"""Byte-reproducible bundles and lowerings (rwkv7_coreai/reproducible.py).
+"""Byte-reproducible bundles and lowerings (recurrent_coreai/coreai/reproducible.py).
 
 * every assumption the patches make about coreai's internals still holds (else: which one broke);
 * a build of the default model in a fresh process gives the same files (export + lowering) as
@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rwkv7_coreai import reproducible
-from rwkv7_coreai.errors import PipelineError
-from rwkv7_coreai.fsutil import tree_manifest
+from recurrent_coreai.coreai import reproducible
+from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.util.fsutil import tree_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "rwkv7-tiny"
@@ -34,7 +34,7 @@ RECIPES = ("fp32", "int8keepproj")
 # One clean build in a fresh interpreter, through the stage entry points (as scripts/*.py).
 BUILD = """
 import sys
-from rwkv7_coreai import cli
+from recurrent_coreai.stages import cli
 config, source, out = sys.argv[1:4]
 for recipe in sys.argv[4:]:
     base = ["--config-file", config, "--model", "{model}", "--recipe", recipe]
@@ -93,12 +93,12 @@ def test_scopes_restore_what_they_patch():
     assert (gb.choice, asset._serialize_module_to_bytecode, asset.serialize_module_to_odix) == before
 
 
-@pytest.mark.parametrize("first,expected", [("rwkv7_coreai", "True"), ("coreai.runtime", "False")])
+@pytest.mark.parametrize("first,expected", [("recurrent_coreai", "True"), ("coreai.runtime", "False")])
 def test_swift_runtime_hashes_deterministically_when_rwkv7_coreai_comes_first(first, expected):
     """metadata.json's key order: importing the package (as every stage does first) turns on
     deterministic hashing in the Swift runtime; loaded before it, the runtime is seeded randomly."""
     env = {k: v for k, v in os.environ.items() if k != reproducible.SWIFT_HASHING_ENV}
-    code = (f"import {first}, coreai.runtime; from rwkv7_coreai import reproducible; "
+    code = (f"import {first}, coreai.runtime; from recurrent_coreai import reproducible; "
             "print(reproducible.swift_hashing_deterministic())")
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.split()[-1] == expected
@@ -106,8 +106,8 @@ def test_swift_runtime_hashes_deterministically_when_rwkv7_coreai_comes_first(fi
 
 def _unpatched_build(source: Path, recipes: dict, top: Path) -> None:
     """Export and lower with every patch switched off (as before reproducible.py existed)."""
-    from rwkv7_coreai.coreai_runtime import lower_universal
-    from rwkv7_coreai.export import export_recipe
+    from recurrent_coreai.coreai.runtime import lower_universal
+    from recurrent_coreai.stages.export import export_recipe
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(reproducible, "export_scope", lambda seed: contextlib.nullcontext())
@@ -194,7 +194,7 @@ def _bundle(root: Path, recipe: str) -> Path:
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_reproducible_bundle_runs_bit_identically_to_an_unpatched_one(recipe, fresh, unpatched):
-    from rwkv7_coreai.coreai_runtime import DecodeSession
+    from recurrent_coreai.coreai.runtime import DecodeSession
 
     ours = _bundle(fresh, recipe)
     theirs = _bundle(unpatched, recipe)
@@ -291,7 +291,7 @@ def test_function_table_order_is_a_pure_permutation(fresh, tmp_path):
     """The .odix of a two-function bundle (main + prefill) lists its functions in either order.
     Put in the other order, the file still loads and both functions compute bit-identically;
     put back, it is byte for byte the canonical file again (name order, what the stage writes)."""
-    from rwkv7_coreai.coreai_runtime import PromptSession
+    from recurrent_coreai.coreai.runtime import PromptSession
 
     recipe = "fp32"
     built = fresh / "aot" / "universal" / recipe / f"{MODEL}-{recipe}.aimodelx"

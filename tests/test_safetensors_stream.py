@@ -23,9 +23,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from rwkv7_coreai import checkpoint, synthetic
-from rwkv7_coreai.geometry import Geometry, expected_shapes
-from rwkv7_coreai.safetensors_stream import DTYPES, layout, safetensors_writer, save_streamed
+from recurrent_coreai.families.rwkv7 import checkpoint
+from recurrent_coreai.families.rwkv7 import synthetic
+from recurrent_coreai.families.rwkv7.geometry import Geometry, expected_shapes
+from recurrent_coreai.util.safetensors_stream import DTYPES, layout, safetensors_writer, save_streamed
 
 NAMES = ["a", "b", "B", "aa", "a.b", "a_b", "a-b", "z9", "é", "😀", "lm_head.weight", "model.x",
          'q"uote\\back\nline\ttab\x01\x7f/']
@@ -133,7 +134,7 @@ RSS_PER_CHECKPOINT_BYTE = 0.4  # measured 0.15-0.2: one 32 MB tensor, 8-16 MB dr
 CHILD = """
 import json, re, sys
 from pathlib import Path
-from rwkv7_coreai.source import build_source
+from recurrent_coreai.stages.source import build_source
 cfg, root = json.loads(sys.argv[1]), Path(sys.argv[2])
 def status(key):
     return int(re.search(key + r":\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024

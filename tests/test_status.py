@@ -1,4 +1,4 @@
-"""`python -m rwkv7_coreai status`: rows from the records a build leaves, staleness against the
+"""`python -m recurrent_coreai status`: rows from the records a build leaves, staleness against the
 installed toolchain and against the code dvc.lock recorded -- fast, and without torch."""
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rwkv7_coreai import fingerprint, status, toolchain
-from rwkv7_coreai.dag import stage_name
-from rwkv7_coreai.paths import Layout
+from recurrent_coreai.pipeline import fingerprint
+from recurrent_coreai.tools import status
+from recurrent_coreai.coreai import toolchain
+from recurrent_coreai.pipeline.dag import stage_name
+from recurrent_coreai.pipeline.paths import Layout
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -42,7 +44,7 @@ def tree(tmp_path, repo_root, monkeypatch):
     """A repository root with the code, config.yaml, dvc.lock and the records of a build of
     rwkv7-tiny: fp32 gated and published, fp16 failed its gate, int8keepproj not built."""
     root = tmp_path / "repo"
-    for sub in ("scripts", "rwkv7_coreai"):
+    for sub in ("scripts", "recurrent_coreai"):
         shutil.copytree(repo_root / sub, root / sub, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(repo_root / "config.yaml", root / "config.yaml")
     cfg = yaml.safe_load((root / "config.yaml").read_text())
@@ -68,7 +70,7 @@ def tree(tmp_path, repo_root, monkeypatch):
 
 
 def table(root: Path) -> dict[str, dict[str, str]]:
-    from rwkv7_coreai import config
+    from recurrent_coreai.pipeline import config
 
     return {r["recipe"]: r for r in status.rows(config.load(root / "config.yaml"), root)}
 
@@ -100,10 +102,10 @@ def test_a_toolchain_change_marks_every_built_row_stale(tree):
 
 
 @pytest.mark.parametrize("edit, rules", [
-    ("rwkv7_coreai/quantize.py", "export"),
-    ("rwkv7_coreai/templates/model_card.md.j2", "card, stage_and_push"),  # publish merges cards
+    ("recurrent_coreai/coreai/quantize.py", "export"),
+    ("recurrent_coreai/stages/templates/model_card.md.j2", "card, stage_and_push"),  # publish merges cards
     ("scripts/gate.py", "gate"),
-    ("rwkv7_coreai/errors.py", None),  # every stage imports it: every stage of the row
+    ("recurrent_coreai/util/errors.py", None),  # every stage imports it: every stage of the row
 ])
 def test_a_code_edit_marks_the_stages_that_run_it(tree, edit, rules):
     every = ", ".join(sorted({"toolchain", *status.MODEL_STAGES, "export", "aot", "gate", "doctor"}))
@@ -123,7 +125,7 @@ def test_stages_missing_from_dvc_lock_and_a_missing_lock_are_said(tree):
 
 
 def test_the_command_prints_the_table_fast_and_without_torch(tree):
-    code = ("import sys; from rwkv7_coreai import status; rc = status.main(sys.argv[1:]); "
+    code = ("import sys; from recurrent_coreai import status; rc = status.main(sys.argv[1:]); "
             "assert 'torch' not in sys.modules and 'snakemake' not in sys.modules, 'status imported torch/snakemake'; "
             "sys.exit(rc)")
     before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
@@ -140,7 +142,7 @@ def test_the_command_prints_the_table_fast_and_without_torch(tree):
 
 def test_a_broken_config_is_one_line(tree):
     (tree / "config.yaml").write_text("results: [")
-    proc = subprocess.run([sys.executable, "-c", "import sys; from rwkv7_coreai import status; sys.exit(status.main([]))"],
+    proc = subprocess.run([sys.executable, "-c", "import sys; from recurrent_coreai import status; sys.exit(status.main([]))"],
                           cwd=tree, capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stderr.startswith("error: config.yaml: invalid YAML"), proc.stderr
     assert len(proc.stderr.splitlines()) == 1

@@ -7,9 +7,9 @@ import json
 import torch
 from safetensors import safe_open
 
-from rwkv7_coreai.geometry import Geometry, expected_shapes
-from rwkv7_coreai.reference import Reference
-from rwkv7_coreai.source import build_source
+from recurrent_coreai.families.rwkv7.geometry import Geometry, expected_shapes
+from recurrent_coreai.families.rwkv7.reference import Reference
+from recurrent_coreai.stages.source import build_source
 
 TINY = Geometry(layers=2, hidden=128, head_dim=64, ffn=512, vocab=65536, decay_lora=16, a_lora=16, v_lora=16,
                 gate_lora=32)
@@ -63,7 +63,7 @@ def test_manifest_hashes_every_file(tiny_source):
 
 
 def test_logits_are_peaked_not_degenerate(tiny_source):
-    from rwkv7_coreai.checkpoint import load_checkpoint
+    from recurrent_coreai.families.rwkv7.checkpoint import load_checkpoint
 
     geom, sd = load_checkpoint(tiny_source)
     ref = Reference(sd, geom)
@@ -79,7 +79,7 @@ def test_logits_are_peaked_not_degenerate(tiny_source):
 def test_chunked_normal_draws_what_one_call_draws(monkeypatch):
     """synthetic._normal draws RANDN_CHUNK values per call; values and the generator state after
     must be those of the one-call form it replaced, for every size around the chunk boundaries."""
-    from rwkv7_coreai import synthetic
+    from recurrent_coreai.families.rwkv7 import synthetic
 
     monkeypatch.setattr(synthetic, "RANDN_CHUNK", 32)
     for n in [*range(0, 100), 127, 128, 129, 1000, 4096 + 7]:

@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rwkv7_coreai.config import load as load_config
-from rwkv7_coreai.tokenizer import TrieTokenizer
-from rwkv7_coreai.vocab import (WORLD_VOCAB_SIZE, package_vocab, parse_world_vocab, read_tsv,
+from recurrent_coreai.pipeline.config import load as load_config
+from recurrent_coreai.tokenizers.trie import TrieTokenizer
+from recurrent_coreai.tokenizers.world import (WORLD_VOCAB_SIZE, package_vocab, parse_world_vocab, read_tsv,
                                 tsv_text)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,9 +6,9 @@ import base64
 
 import pytest
 
-from rwkv7_coreai import vocab
-from rwkv7_coreai.errors import PipelineError
-from rwkv7_coreai.tokenizer import TrieTokenizer
+from recurrent_coreai.tokenizers import world as vocab
+from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.tokenizers.trie import TrieTokenizer
 
 
 @pytest.fixture(scope="module")

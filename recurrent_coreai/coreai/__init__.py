@@ -1,0 +1,1 @@
+"""coreai: see docs/architecture.md."""

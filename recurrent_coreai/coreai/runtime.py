@@ -1,0 +1,156 @@
+"""The one place that talks to the Core AI runtime (coreai-core) on this host.
+
+* :func:`lower_universal` writes the Linux ahead-of-time form (``.aimodelx``: one
+  ``*-universal.odix`` holding every function of the bundle) through coreai-core's private
+  ``AIModelAsset._write_odix`` — the Linux counterpart of ``xcrun coreai-build compile``;
+  wrapped here so a coreai-core upgrade touches one function.
+* :class:`DecodeSession` loads a lowered bundle and runs its decode function token by token
+  with the two states kept between calls (they mutate in place).
+* :class:`PromptSession` also runs the chunked prefill function on the same states: a prompt's
+  full chunks through prefill, its tail through decode. Function names, roles, chunk length,
+  state shapes and dtype come from the bundle's ``export.json`` (:func:`.entrypoints.bundle_functions`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import numpy as np
+
+from recurrent_coreai.families.rwkv7.chunked import split_prompt
+from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, STATE_NAMES, by_role, bundle_functions
+from recurrent_coreai.util.errors import PipelineError
+
+
+def lower_universal(aimodel: Path, out_dir: Path) -> None:
+    """Lower an ``.aimodel`` into ``out_dir`` (an existing, empty ``*.aimodelx`` directory)."""
+    from coreai.authoring.asset import AIModelAsset
+
+    if not AIModelAsset.is_valid(aimodel):
+        raise PipelineError(aimodel, "is not a valid .aimodel asset", "re-run the export stage")
+    from recurrent_coreai.coreai import reproducible
+
+    with reproducible.lowering_scope():  # canonical register order: byte-identical .odix
+        AIModelAsset.load(aimodel)._write_odix(out_dir)  # noqa: SLF001 - see module docstring
+
+
+_NDARRAY = re.compile(r"^NDArray \((\w+), ([0-9 ×]+)\)$")
+
+
+def _tensor(name: str, desc: str) -> dict:
+    m = _NDARRAY.match(desc)
+    if not m:
+        raise PipelineError("coreai-core", f"reports tensor {name!r} of a bundle function as {desc!r}, not as "
+                            "'NDArray (<dtype>, <d0> × <d1> …)'", "use the pinned coreai-core (make setup)")
+    return {"name": name, "shape": [int(d) for d in m[2].split("×")], "dtype": m[1].lower()}
+
+
+def bundle_signature(aimodel: Path) -> dict[str, dict[str, list[dict]]]:
+    """Every function an ``.aimodel`` holds, as the asset itself describes it (no lowering):
+    ``{name: {"inputs"|"outputs"|"states": [{"name", "shape", "dtype"}, …]}}``."""
+    from coreai.authoring.asset import AIModelAsset
+
+    summary = AIModelAsset.load(Path(aimodel)).summary(include_statistics=False)
+    if summary is None:
+        raise PipelineError(aimodel, "holds no program", "re-run the export stage")
+    return {fn: {kind: [_tensor(n, d) for n, d in getattr(summary, f"function_{kind}")(fn)]
+                 for kind in ("inputs", "outputs", "states")} for fn in summary.function_names}
+
+
+def state_spec(export_record: dict) -> tuple[dict[str, tuple[int, ...]], np.dtype]:
+    """(state shapes, state dtype) of the bundle's decode function, as export.json records them."""
+    states = bundle_functions(export_record)[DECODE]["states"]
+    dtypes = {t["dtype"] for t in states}
+    if len(dtypes) != 1:
+        raise PipelineError(f"export.json of {export_record.get('bundle', 'the bundle')}",
+                            f"records states of several dtypes {sorted(dtypes)}", "rerun the export stage")
+    return {t["name"]: tuple(t["shape"]) for t in states}, np.dtype(dtypes.pop())
+
+
+class DecodeSession:
+    """Synchronous wrapper around an async Core AI model with persistent states; ``function``
+    is the decode function's name (by default the one of the entry-point table)."""
+
+    def __init__(self, aimodelx: Path, state_shapes: dict[str, tuple[int, ...]], state_dtype: np.dtype,
+                 function: str | None = None):
+        import coreai.runtime as rt
+
+        self._rt = rt
+        self.aimodelx = aimodelx
+        self.function = function or by_role(DECODE).name
+        self._loop = asyncio.new_event_loop()
+        try:
+            self._model = self._loop.run_until_complete(rt.AIModel.load(str(aimodelx)))
+            self._fn = self._model.load_function(self.function)
+        except Exception as exc:  # noqa: BLE001 - runtime errors have many types
+            self._loop.close()
+            raise PipelineError(aimodelx, f"Core AI runtime cannot load it or its function {self.function!r} "
+                                f"({type(exc).__name__}: {exc})",
+                                "re-run the aot stage; check the toolchain versions") from None
+        self.state_shapes, self.state_dtype = state_shapes, np.dtype(state_dtype)
+        self.reset()
+
+    def reset(self) -> None:
+        self.states = {n: self._rt.NDArray(np.zeros(self.state_shapes[n], self.state_dtype)) for n in STATE_NAMES}
+
+    def _call(self, fn, tokens) -> np.ndarray:
+        ids = np.asarray(tokens, dtype=np.int32).reshape(1, -1)
+        inputs = {"input_ids": self._rt.NDArray(ids), "position_ids": self._rt.NDArray(np.zeros_like(ids))}
+        res = self._loop.run_until_complete(fn(inputs=inputs, state=self.states))
+        return np.asarray(res["logits"].numpy()).reshape(-1).astype(np.float64)
+
+    def step(self, token: int) -> np.ndarray:
+        return self._call(self._fn, [token])
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        return {n: np.asarray(a.numpy()).copy() for n, a in self.states.items()}
+
+    def close(self) -> None:
+        self._fn = self._model = None
+        self._loop.close()
+
+    def __enter__(self) -> "DecodeSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class PromptSession(DecodeSession):
+    """A :class:`DecodeSession` over a bundle's decode AND prefill functions, as its export.json
+    names them, on the same states: :meth:`feed` sends a prompt's full chunks through prefill
+    (``chunk`` tokens per call) and its tail through decode, token by token — no padding."""
+
+    def __init__(self, aimodelx: Path, export_record: dict):
+        functions = bundle_functions(export_record)
+        if PREFILL not in functions:
+            raise PipelineError(f"export.json of {export_record.get('bundle', aimodelx)}", "has no prefill function",
+                                "rerun the export stage (snakemake --forcerun export)")
+        super().__init__(aimodelx, *state_spec(export_record), function=functions[DECODE]["name"])
+        self.prefill_function = functions[PREFILL]["name"]
+        self.chunk = int(functions[PREFILL]["tokens_per_call"])
+        try:
+            self._prefill = self._model.load_function(self.prefill_function)
+        except Exception as exc:  # noqa: BLE001 - runtime errors have many types
+            self.close()
+            raise PipelineError(aimodelx, f"has no loadable function {self.prefill_function!r} ({type(exc).__name__}: "
+                                f"{exc})", "rerun the export and aot stages (snakemake --forcerun export)") from None
+
+    def prefill_chunk(self, tokens) -> np.ndarray:
+        """Exactly ``chunk`` tokens through prefill; logits of the last one [V]."""
+        if len(tokens) != self.chunk:
+            raise ValueError(f"prefill takes exactly {self.chunk} tokens, got {len(tokens)}")
+        return self._call(self._prefill, tokens)
+
+    def feed(self, tokens) -> np.ndarray:
+        """A whole prompt (at least one token); logits after its last token [V]."""
+        tokens = list(tokens)
+        full = split_prompt(len(tokens), self.chunk)[0] * self.chunk
+        logits = None
+        for start in range(0, full, self.chunk):
+            logits = self.prefill_chunk(tokens[start:start + self.chunk])
+        for t in tokens[full:]:
+            logits = self.step(t)
+        return logits

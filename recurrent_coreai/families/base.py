@@ -1,0 +1,217 @@
+"""The family seam: everything architecture-specific goes through :class:`Family`.
+
+A family is a folder ``families/<name>/`` whose ``__init__.py`` defines ``FAMILY``, an instance of
+a :class:`Family` subclass. The registry (``families/__init__.py``) imports a family by name
+only when a model of it is built; stages, the Core AI layer, the hub and the tools never import
+a family module directly (import-linter checks it: docs/architecture.md).
+
+What a family answers (in the spirit of mlx-lm's per-model files, llama.cpp's registered
+converter classes and optimum's per-model export configs):
+
+* **geometry** -- from config.yaml's synthetic ``shape``, from a checkpoint's ``config.json``, or
+  (layouts without one) from the tensor shapes; checked, with the parameter count;
+* **checkpoint layouts** -- which ones it accepts, how it recognises them, and the normalisation of
+  each to ONE normal form (names and shapes checked; a missing, extra or mis-shaped tensor names
+  the tensor and the expected shape);
+* **synthetic weights** -- a seeded, deterministic random init in the normal form;
+* **the reference** -- a plain token-by-token implementation in fp32/fp64 (the gate's oracle),
+  whose states convert to the bundle's layout;
+* **the export modules** -- ``main`` (decode, one token) and ``prefill`` (a chunk), over the same
+  state buffers, each state written exactly once per call;
+* **state specs** -- names, shapes and meanings (export.json records names and shapes; the card
+  and catalog show the meanings);
+* **the tokenizer kind** (``world`` or ``hf-bpe``), **quantisation roles**, **card rows** and the
+  sources coreai doctor lints.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping
+
+# Roles a recipe may name instead of a raw regex (config: recipes.<r>.quantize.roles). A family maps
+# each to a pattern over its decode module's linear names; a role a family does not have matches
+# nothing there.
+ROLES = {
+    "lm_head": "the output projection to the vocabulary",
+    "mlp": "the channel-mix / feed-forward linears (no recurrence reads them)",
+    "mixer_output": "the linear after the recurrence (RWKV o_proj, Mamba out_proj)",
+    "state_inputs": "every linear whose output feeds the recurrence or its gates (r/k/v, LoRAs, in_proj)",
+}
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One state of the bundle, as the export modules hold it (batch dimension included)."""
+
+    name: str
+    shape: tuple[int, ...]
+    meaning: str  # one line: what each axis holds (card, catalog)
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "meaning": self.meaning}
+
+
+class Geometry(abc.ABC):
+    """A family's geometry: a frozen dataclass with ``as_dict()`` (what records store) and
+    ``check(where)`` (raises PipelineError, returns self)."""
+
+    def as_dict(self) -> dict:
+        return asdict(self)  # type: ignore[call-overload]
+
+    @abc.abstractmethod
+    def check(self, where: str | Path = "config") -> "Geometry":
+        ...
+
+
+class Reference(abc.ABC):
+    """The oracle: one token at a time, fp32 or fp64, no tricks."""
+
+    @abc.abstractmethod
+    def zero_state(self) -> Any:
+        ...
+
+    @abc.abstractmethod
+    def step(self, token: int, state: Any) -> "Any":
+        """Logits [V] (a torch tensor) for one token; ``state`` is updated in place."""
+
+    @abc.abstractmethod
+    def bundle_states(self, state: Any) -> dict[str, Any]:
+        """The state as the bundle stores it: {state name: float32 numpy array of the spec's shape}."""
+
+    def run(self, tokens, state=None):
+        """Logits [T, V] for a token sequence, fed one at a time, and the final state."""
+        import torch
+
+        state = state if state is not None else self.zero_state()
+        return torch.stack([self.step(int(t), state) for t in tokens]), state
+
+    def greedy(self, prompt, n_new: int, state=None, stop: int | None = None) -> list[int]:
+        """Greedy continuation of ``prompt`` (at most ``n_new`` tokens; stops after ``stop``)."""
+        import torch
+
+        state = state if state is not None else self.zero_state()
+        logits = None
+        for t in prompt:
+            logits = self.step(int(t), state)
+        out: list[int] = []
+        for _ in range(n_new):
+            nxt = int(torch.argmax(logits))
+            out.append(nxt)
+            if stop is not None and nxt == stop:
+                break
+            logits = self.step(nxt, state)
+        return out
+
+
+EachLinear = Callable[[str, Any], Any]  # (module name, nn.Linear) -> the module to put in its place
+
+
+class Family(abc.ABC):
+    """One architecture. Subclass it in ``families/<name>/__init__.py`` as ``FAMILY``."""
+
+    name: ClassVar[str]                      # registry key, config's models.<m>.family
+    display_name: ClassVar[str]              # e.g. "RWKV-7 (x070)"
+    catalog_family: ClassVar[str]            # coreai-catalog's `family` (e.g. "RWKV", "Mamba")
+    tokenizer: ClassVar[str]                 # tokenizer kind: "world" | "hf-bpe"
+    layouts: ClassVar[tuple[str, ...]]       # accepted checkpoint layouts; [0] is the normal form
+    synthetic_layouts: ClassVar[tuple[str, ...]]  # layouts a synthetic source may be written in
+    hf_model_types: ClassVar[tuple[str, ...]]     # config.json model_type values it accepts
+    roles: ClassVar[dict[str, str]]          # quantisation role (ROLES) -> regex over linear names
+    tags: ClassVar[tuple[str, ...]]          # model card tags beside "coreai", "no-kv-cache"
+    max_chunk: ClassVar[int]                 # the largest prefill chunk its chunked form allows
+    shape_keys: ClassVar[tuple[str, ...]]    # config.yaml source.shape keys (synthetic)
+
+    # --- geometry -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def geometry_from_shape(self, shape: Mapping, where: str | Path) -> Geometry:
+        """config.yaml's ``source.shape`` (unknown or missing keys are one-line errors)."""
+
+    @abc.abstractmethod
+    def geometry_from_config(self, cfg: Any, where: str | Path) -> Geometry:
+        """A checkpoint's config.json (parsed); ``where`` names the file in errors."""
+
+    def geometry_from_tensors(self, shapes: Mapping[str, tuple[int, ...]], layout: str,
+                              where: str | Path) -> Geometry | None:
+        """For a layout without a config.json (e.g. a BlinkDL .pth): the geometry read off the
+        tensor shapes; None when the layout needs a config.json."""
+        return None
+
+    @abc.abstractmethod
+    def geometry_from_dict(self, d: Mapping) -> Geometry:
+        """The inverse of ``Geometry.as_dict`` (what manifest.json / export.json record)."""
+
+    @abc.abstractmethod
+    def config_json(self, geom: Geometry) -> dict:
+        """config.json for the normal form (written beside the normalised weights)."""
+
+    def parameter_count(self, geom: Geometry) -> int:
+        import math
+
+        return sum(math.prod(s) for s in self.normal_shapes(geom).values())
+
+    # --- checkpoints ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def detect_layout(self, names: Iterable[str]) -> str | None:
+        """Which of :attr:`layouts` these tensor names are in; None when they are not this
+        family's at all (the registry then asks the other families, for the message)."""
+
+    @abc.abstractmethod
+    def normal_shapes(self, geom: Geometry) -> dict[str, tuple[int, ...]]:
+        """Every tensor of the normal form, name -> shape, in the order files store them."""
+
+    @abc.abstractmethod
+    def normalize(self, sd: Mapping[str, Any], geom: Geometry, where: str | Path) -> dict[str, Any]:
+        """Any accepted layout -> the normal form (in :meth:`normal_shapes` order); every name and
+        shape checked. Works on meta tensors too (names and shapes only)."""
+
+    def normal_parts(self, layout: str, name: str, tensor: Any) -> list[tuple[str, Any]] | None:
+        """The normal-form tensors ONE stored tensor becomes, for layouts that normalise tensor by
+        tensor (renames, splits): then a checkpoint is normalised while streamed. None: this
+        layout is read whole (:meth:`normalize`)."""
+        return [(name, tensor)] if layout == self.layouts[0] else None
+
+    @abc.abstractmethod
+    def synthetic_tensors(self, geom: Geometry, seed: int) -> Iterator[tuple[str, Any]]:
+        """Seeded random weights in the normal form, one tensor at a time, :meth:`normal_shapes`
+        order; the same seed gives the same bytes."""
+
+    @abc.abstractmethod
+    def write_layout(self, sd: Mapping[str, Any], out_dir: Path, layout: str) -> Path:
+        """Normal-form weights written in ``layout`` (the weights file, plus its config.json when
+        the layout has one); returns the weights file."""
+
+    # --- math -----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def reference(self, weights: Mapping[str, Any], geom: Geometry, dtype: Any = None) -> Reference:
+        """The oracle over normal-form weights (fp32 by default, or fp64)."""
+
+    @abc.abstractmethod
+    def state_specs(self, geom: Geometry) -> list[StateSpec]:
+        """The bundle's states, in the order the export modules register them."""
+
+    @abc.abstractmethod
+    def build_decode(self, weights: Mapping[str, Any] | Iterable[tuple[str, Any]], geom: Geometry, dtype: Any,
+                     each_linear: EachLinear | None = None) -> Any:
+        """The decode module (``input_ids`` [1,1] int32, ``position_ids`` [1,1] int32 -> ``logits``
+        [1,1,V]) with state buffers named as :meth:`state_specs`, weights loaded strictly; built on
+        the meta device, each weight assigned as it comes. ``each_linear(name, linear)`` is called
+        once a Linear's weights are in and returns the module to put in its place (quantisation)."""
+
+    @abc.abstractmethod
+    def build_prefill(self, decode: Any, chunk: int) -> Any:
+        """The prefill module over ``decode``'s own submodules and state buffers (same parameter
+        names: weights stored once): ``input_ids`` [1,chunk] -> logits of the last position [1,1,V]."""
+
+    # --- tokenizer and card ----------------------------------------------------------------
+    @abc.abstractmethod
+    def card_rows(self, geom: Geometry) -> list[tuple[str, str]]:
+        """The card's architecture table: (label, value) rows."""
+
+    card_summary: ClassVar[str] = ""         # the card's paragraph on the architecture
+    export_sources: ClassVar[tuple[str, ...]] = ()  # repo-relative files coreai doctor lints
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.display_name})"

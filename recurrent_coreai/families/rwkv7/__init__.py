@@ -1,0 +1,1 @@
+"""families/rwkv7: see docs/architecture.md."""

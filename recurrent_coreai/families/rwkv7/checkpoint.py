@@ -1,0 +1,438 @@
+"""Read an RWKV-7 checkpoint in any of the layouts we accept and normalise it.
+
+Accepted: fla/HF with split mixers (``attn.x_r`` … ``attn.x_g``), older fla with the
+packed ``attn.x_x`` [6,C], and BlinkDL x070 ``.pth``. The normal form is the split fla
+layout of :func:`recurrent_coreai.families.rwkv7.geometry.expected_shapes`, validated name by name.
+
+Weights come from one file, every ``*.safetensors`` of a directory, or exactly the shards that
+``model.safetensors.index.json`` names. Every tensor is checked as it is read (float32/float16/
+bfloat16, finite) and stored once; anything else is a :class:`PipelineError` naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from recurrent_coreai.families.rwkv7 import blinkdl
+from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.pipeline.paths import WEIGHT_FILE  # noqa: F401 - re-exported: checkpoint.WEIGHT_FILE
+from recurrent_coreai.families.rwkv7.geometry import MIXERS, Geometry, expected_shapes
+from recurrent_coreai.util.progress import Progress
+from recurrent_coreai.util.safetensors_stream import save_streamed
+
+INDEX_FILE = "model.safetensors.index.json"  # the HF sharded layout: {"weight_map": {tensor: shard file}}
+SUFFIXES = (".safetensors", ".pth")
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def weight_files(src: Path) -> list[Path]:
+    """The weight files of a checkpoint: the file itself, the shards its index names, or every
+    ``*.safetensors`` (else every ``*.pth``) of the directory."""
+    if src.is_file():
+        if src.suffix not in SUFFIXES:
+            raise PipelineError(src, f"is not a weights file (suffix {src.suffix or 'none'!r}); accepted are "
+                                "*.safetensors, *.pth or a directory in Hugging Face layout",
+                                "point source.path at the checkpoint's .safetensors/.pth file or its directory")
+        return [src]
+    index = shard_index(src)
+    if index is not None:
+        return _indexed_files(src, index)
+    files = sorted(src.glob("*.safetensors"))
+    if not files:
+        files = sorted(src.glob("*.pth"))
+    if not files:
+        raise PipelineError(src, "no *.safetensors or *.pth weights found",
+                            "point the source at a directory holding the checkpoint")
+    return files
+
+
+def shard_index(src: Path) -> dict[str, str] | None:
+    """The ``weight_map`` (tensor -> shard file) of the directory's shard index, if it has one."""
+    path = src / INDEX_FILE
+    if not path.is_file():
+        return None
+    fix = "repair or re-download model.safetensors.index.json (or delete it to read every *.safetensors)"
+    index = _read_json(path, fix)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise PipelineError(path, "has no weight_map object {tensor: shard file}", fix)
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str) or Path(shard).name != shard or Path(shard).suffix != ".safetensors":
+            raise PipelineError(path, f"maps tensor {tensor} to {shard!r}, not a *.safetensors file beside the index",
+                                fix)
+    return weight_map
+
+
+def _indexed_files(src: Path, index: dict[str, str]) -> list[Path]:
+    named = sorted(set(index.values()))
+    for shard in named:
+        if not (src / shard).is_file():
+            raise PipelineError(src / INDEX_FILE, f"names shard {shard}, which is missing",
+                                "download every shard the index names (an interrupted download?)")
+    unnamed = sorted(p.name for p in src.glob("*.safetensors") if p.name not in named)
+    if unnamed:
+        raise PipelineError(src / INDEX_FILE, f"does not name {unnamed[0]} ({len(unnamed)} unnamed *.safetensors in "
+                            f"{src})", f"remove {unnamed[0]} from the directory or use the index that lists it")
+    return [src / shard for shard in named]
+
+
+def _file_tensors(f: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of one weights file; safetensors are mmap'd, not copied."""
+    if f.suffix == ".pth":
+        try:
+            sd = torch.load(f, map_location="cpu", mmap=True, weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - any unpickling failure is a bad file
+            raise PipelineError(f, f"cannot read PyTorch checkpoint ({type(exc).__name__}: {exc})",
+                                "re-download the file; it is truncated or not a state dict") from None
+        fix = "save the weights as a state dict: torch.save(model.state_dict(), path)"
+        if not isinstance(sd, Mapping):
+            raise PipelineError(f, f"holds a {type(sd).__name__}, not a state dict of tensors", fix)
+        for name, t in sd.items():
+            if not isinstance(name, str):
+                raise PipelineError(f, f"has a key {name!r} that is not a tensor name", fix)
+            if not isinstance(t, torch.Tensor):
+                raise PipelineError(f, f"entry {name!r} is not a tensor ({type(t).__name__})", fix)
+        yield from sd.items()
+        return
+    try:
+        with safe_open(f, framework="pt") as fh:
+            for name in fh.keys():
+                yield name, fh.get_tensor(name)
+    except Exception as exc:  # noqa: BLE001 - safetensors raises several types for bad headers
+        raise PipelineError(f, f"cannot read safetensors ({exc})",
+                            "re-download the file; it is truncated or corrupted") from None
+
+
+def check_values(f: Path, name: str, t: torch.Tensor) -> None:
+    """A weight must be floating point and finite. One fused min/max pass (no copy of the tensor);
+    the NaN/Inf count is only computed for the message."""
+    if t.dtype not in FLOAT_DTYPES:
+        raise PipelineError(f, f"tensor {name} has dtype {str(t.dtype).removeprefix('torch.')}; weights must be "
+                            "float32, float16 or bfloat16", "the file is corrupted or not an RWKV-7 checkpoint: "
+                            "re-download it or convert it with floating-point weights")
+    if t.numel() and not all(torch.isfinite(x) for x in torch.aminmax(t)):
+        nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+        raise PipelineError(f, f"tensor {name} has {nan} NaN and {inf} infinite values (of {t.numel()})",
+                            "the weights are corrupted (or come from a diverged run): "
+                            "re-download or use another checkpoint")
+
+
+def read_tensors(files: list[Path], index: Mapping[str, str] | None = None) -> dict[str, torch.Tensor]:
+    """All tensors of the given files, each checked as it is read (see :func:`check_values`).
+    A tensor in two files is an error; with a shard ``index``, every tensor must come from the
+    shard the index maps it to."""
+    out: dict[str, torch.Tensor] = {}
+    origin: dict[str, Path] = {}
+    for f in files:
+        for name, t in _file_tensors(f):
+            if name in origin:
+                raise PipelineError(f.parent, f"tensor {name} is in both {origin[name].name} and {f.name}",
+                                    "remove the stale or duplicated shard so that each tensor is stored once")
+            if index is not None and index.get(name) != f.name:
+                what = (f"holds tensor {name}, which {INDEX_FILE} maps to {index[name]}" if name in index
+                        else f"holds tensor {name}, which {INDEX_FILE} does not list")
+                raise PipelineError(f, what, "re-download the checkpoint: its shards and index do not match")
+            check_values(f, name, t)
+            out[name], origin[name] = t, f
+    for name, shard in (index or {}).items():
+        if name not in out:
+            raise PipelineError(files[0].parent / INDEX_FILE, f"maps tensor {name} to {shard}, which does not hold it",
+                                "re-download the checkpoint: its shards and index do not match")
+    return out
+
+
+def _unpack_mixers(sd: dict[str, torch.Tensor], where: str | Path) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, t in sd.items():
+        if name.endswith(".attn.x_x") and t.dim() == 2 and t.shape[0] == len(MIXERS):
+            prefix = name[: -len("x_x")]
+            split = [f"{prefix}x_{m}" for m in MIXERS if f"{prefix}x_{m}" in sd]
+            if split:
+                raise PipelineError(where, f"{name} (packed mixers) and {split[0]} (split) are both present",
+                                    "keep one mixer layout per layer: remove attn.x_x or the attn.x_r ... x_g tensors")
+            for row, m in enumerate(MIXERS):
+                out[f"{prefix}x_{m}"] = t[row].reshape(1, 1, -1).clone()
+        else:
+            out[name] = t
+    return out
+
+
+def detect_layout(names) -> str:
+    if blinkdl.is_blinkdl(names):
+        return "blinkdl"
+    if any(n.endswith(".attn.x_x") for n in names):
+        return "fla-packed"
+    return "fla-split"
+
+
+def normalize(sd: Mapping[str, torch.Tensor], geom: Geometry, where: str | Path) -> dict[str, torch.Tensor]:
+    """Any accepted layout -> the split fla layout; every name and shape checked."""
+    layout = detect_layout(sd.keys())
+    if layout == "blinkdl":
+        sd = blinkdl.to_hf(sd)
+    sd = _unpack_mixers(dict(sd), where)
+    want = expected_shapes(geom)
+
+    def label(name: str) -> str:
+        return f"{name} (BlinkDL {blinkdl.original_name(name)})" if layout == "blinkdl" else name
+
+    fix_shape = ("the .pth is not a consistent RWKV-7 x070 checkpoint" if layout == "blinkdl"
+                 else "check that config.json matches the weights")
+    for name, shape in want.items():
+        if name not in sd:
+            raise PipelineError(where, f"tensor {label(name)} is missing (expected shape {list(shape)})",
+                                "use a complete RWKV-7 checkpoint whose config.json matches its weights"
+                                if layout != "blinkdl" else "use a complete RWKV-7 x070 .pth")
+        if tuple(sd[name].shape) != shape:
+            raise PipelineError(where, f"tensor {label(name)} has shape {list(sd[name].shape)}, expected {list(shape)}",
+                                fix_shape)
+    extra = sorted(set(sd) - set(want))
+    if extra:
+        name = extra[0].removeprefix("unknown:")
+        raise PipelineError(where, f"unexpected tensor {name} ({len(extra)} unexpected in all)",
+                            "this is not a plain RWKV-7 x070 checkpoint; remove the extra tensors")
+    return {name: sd[name] for name in want}
+
+
+def _read_json(path: Path, fix: str) -> object:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise PipelineError(path, f"invalid JSON ({exc.msg} at line {exc.lineno})", fix) from None
+    except UnicodeDecodeError as exc:
+        raise PipelineError(path, f"is not UTF-8 text (byte {exc.start})", fix) from None
+
+
+def load_geometry(src: Path) -> Geometry:
+    cfg_path = src / "config.json"
+    if not cfg_path.is_file():
+        raise PipelineError(src, "config.json is missing", "use a snapshot in Hugging Face layout (config.json + weights)")
+    return Geometry.from_hf_config(_read_json(cfg_path, "repair or re-download config.json"), cfg_path)
+
+
+def infer_blinkdl_geometry(sd: Mapping[str, torch.Tensor], where: str | Path) -> Geometry:
+    """A BlinkDL .pth carries no config.json: read the shape off its tensors."""
+    def shape(name: str) -> tuple[int, int]:
+        if name not in sd:
+            raise PipelineError(where, f"tensor {name} is missing", "use a complete BlinkDL x070 checkpoint")
+        if sd[name].dim() != 2:
+            raise PipelineError(where, f"tensor {name} has shape {list(sd[name].shape)}, expected 2 dimensions",
+                                "the .pth is not a consistent RWKV-7 x070 checkpoint")
+        return tuple(sd[name].shape)
+
+    vocab, hidden = shape("emb.weight")
+    heads, head_dim = shape("blocks.0.att.r_k")
+    layers = 1 + max((int(m.group(1)) for n in sd if (m := re.match(r"blocks\.(\d+)\.", n))), default=-1)
+    return Geometry(layers=layers, hidden=hidden, head_dim=head_dim, ffn=shape("blocks.0.ffn.key.weight")[0],
+                    vocab=vocab, decay_lora=shape("blocks.0.att.w1")[1], a_lora=shape("blocks.0.att.a1")[1],
+                    v_lora=shape("blocks.1.att.v1")[1] if layers > 1 else 1,
+                    gate_lora=shape("blocks.0.att.g1")[1]).check(where)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    geometry: Geometry
+    tensors: dict[str, torch.Tensor]  # the normal form (split fla layout), in expected_shapes order
+    layout: str                       # the layout it was read from
+    weights: list[Path]               # the weight files read
+    inputs: list[Path]                # every file read: the weights, the shard index, config.json
+
+
+def read_checkpoint(src: str | Path) -> Checkpoint:
+    """Read, check and normalise an HF-layout directory or a single weights file, in one pass over
+    the weights (mmap'd where possible). A BlinkDL .pth needs no config.json."""
+    src = Path(src)
+    files = weight_files(src)
+    where = files[0] if len(files) == 1 else src
+    index = shard_index(src) if src.is_dir() else None
+    raw = read_tensors(files, index)
+    layout = detect_layout(raw.keys())
+    cfg_dir = src if src.is_dir() else src.parent
+    used = list(files) + ([src / INDEX_FILE] if index is not None else [])
+    if layout == "blinkdl" and not (cfg_dir / "config.json").is_file():
+        geom = infer_blinkdl_geometry(raw, where)
+    else:
+        geom = load_geometry(cfg_dir)
+        used.append(cfg_dir / "config.json")
+    return Checkpoint(geom, normalize(raw, geom, where), layout, files, used)
+
+
+def load_checkpoint(src: str | Path, dtype: torch.dtype | None = None) -> tuple[Geometry, dict[str, torch.Tensor]]:
+    """Geometry and normalised weights (see :func:`read_checkpoint`), optionally cast to ``dtype``."""
+    ck = read_checkpoint(src)
+    sd = ck.tensors if dtype is None else {k: v.to(dtype) for k, v in ck.tensors.items()}
+    return ck.geometry, sd
+
+
+SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+READ_CHUNK = 16 << 20  # bytes read at a time when streaming a tensor
+
+
+def _safetensors_header(f: Path) -> tuple[dict, int]:
+    """(header entries without ``__metadata__``, offset where the data starts) of a safetensors file."""
+    fix = "re-download the file; it is truncated or corrupted"
+    try:
+        with open(f, "rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(size))
+    except (OSError, ValueError) as exc:
+        raise PipelineError(f, f"cannot read safetensors header ({exc})", fix) from None
+    if not isinstance(header, dict):
+        raise PipelineError(f, "safetensors header is not an object", fix)
+    header.pop("__metadata__", None)
+    return header, 8 + size
+
+
+def _read_into(fh, f: Path, name: str, entry: dict, start: int, out: torch.Tensor) -> None:
+    """Fill ``out`` (the target dtype) from one tensor of an open safetensors file, READ_CHUNK
+    bytes at a time: each chunk is checked in its stored dtype (:func:`check_values`), then cast."""
+    src = SAFETENSORS_DTYPES[entry["dtype"]]
+    begin, end = entry["data_offsets"]
+    flat, item = out.view(-1), torch.empty((), dtype=src).element_size()
+    if (end - begin) != flat.numel() * item:
+        raise PipelineError(f, f"tensor {name} has {end - begin} bytes for shape {entry['shape']}",
+                            "re-download the file; it is truncated or corrupted")
+    step = max(READ_CHUNK // item, 1)
+    buf = torch.empty(min(step, flat.numel()) * item, dtype=torch.uint8)
+    fh.seek(start + begin)
+    for at in range(0, flat.numel(), step):
+        n = min(step, flat.numel() - at)
+        if fh.readinto(buf[:n * item].numpy()) != n * item:
+            raise PipelineError(f, f"tensor {name} is cut short", "re-download the file; it is truncated")
+        chunk = buf[:n * item].view(src)
+        if chunk.numel() and not all(torch.isfinite(x) for x in torch.aminmax(chunk)):
+            with safe_open(f, framework="pt") as whole:  # rare: the whole tensor for the exact message
+                check_values(f, name, whole.get_tensor(name))
+        flat[at:at + n].copy_(chunk)
+
+
+def stream_checkpoint(src: str | Path, dtype: torch.dtype) -> tuple[Geometry, Iterator[tuple[str, torch.Tensor]]]:
+    """Geometry and the normalised weights as (name, tensor) pairs in ``dtype``, one tensor at a
+    time: for a directory holding one split-layout ``model.safetensors`` (the source stage's
+    output) each tensor is read straight from the file into ``dtype`` — never a whole fp32 copy
+    of the checkpoint. Names and shapes are checked (as :func:`normalize` does) before any data is
+    read. Any other layout goes through :func:`read_checkpoint` and is cast tensor by tensor."""
+    src = Path(src)
+    files = weight_files(src)
+    if not (src.is_dir() and len(files) == 1 and files[0].suffix == ".safetensors" and shard_index(src) is None):
+        ck = read_checkpoint(src)
+        return ck.geometry, ((k, v.to(dtype)) for k, v in ck.tensors.items())
+    f = files[0]
+    header, start = _safetensors_header(f)
+    if detect_layout(header) != "fla-split" or any(e.get("dtype") not in SAFETENSORS_DTYPES for e in header.values()):
+        ck = read_checkpoint(src)
+        return ck.geometry, ((k, v.to(dtype)) for k, v in ck.tensors.items())
+    geom = load_geometry(src)
+    meta = normalize({k: torch.empty(e["shape"], device="meta") for k, e in header.items()}, geom, f)
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        with open(f, "rb") as fh:
+            for name, like in meta.items():
+                out = torch.empty(like.shape, dtype=dtype)
+                _read_into(fh, f, name, header[name], start, out)
+                yield name, out
+    return geom, tensors()
+
+
+NORMAL_METADATA = {"format": "pt"}  # the __metadata__ of a normalised model.safetensors
+
+
+def save_normalized(sd: Mapping[str, torch.Tensor], path: Path) -> None:
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(path), metadata=NORMAL_METADATA)
+
+
+def _scan_safetensors(files: list[Path], index: Mapping[str, str] | None) -> dict[str, tuple] | None:
+    """name -> (file, dtype, shape) of every tensor, from the headers alone; None if anything there
+    is off (an unreadable header, a tensor in two files or in the wrong shard, a dtype that is not
+    float32/float16/bfloat16): :func:`read_tensors` then reads the files and names the problem."""
+    refs: dict[str, tuple[Path, torch.dtype, tuple]] = {}
+    try:
+        for f in files:
+            with safe_open(f, framework="pt", backend="pread") as fh:
+                for name in fh.keys():
+                    info = fh.get_slice(name)
+                    dtype = SAFETENSORS_DTYPES.get(info.get_dtype())
+                    if name in refs or dtype is None or (index is not None and index.get(name) != f.name):
+                        return None
+                    refs[name] = (f, dtype, tuple(info.get_shape()))
+    except Exception:  # noqa: BLE001 - safetensors raises several types for bad headers
+        return None
+    return None if index is not None and set(index) - set(refs) else refs
+
+
+def _normal_parts(name: str, t: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """The normal-form tensors one fla tensor becomes (see :func:`_unpack_mixers`)."""
+    if name.endswith(".attn.x_x") and t.dim() == 2 and t.shape[0] == len(MIXERS):
+        return [(f"{name[:-len('x_x')]}x_{m}", t[row].reshape(1, 1, -1)) for row, m in enumerate(MIXERS)]
+    return [(name, t)]
+
+
+def _write_in_memory(src: Path, dst: Path) -> Checkpoint:
+    ck = read_checkpoint(src)
+    if ck.layout == "fla-split" and len(ck.weights) == 1 and ck.weights[0].suffix == ".safetensors":
+        shutil.copyfile(ck.weights[0], dst)  # already the normal form: bytes unchanged
+    else:
+        save_normalized(ck.tensors, dst)
+    return ck
+
+
+def write_normalized(src: str | Path, dst: str | Path) -> Checkpoint:
+    """Read, check and normalise ``src`` as :func:`read_checkpoint` does and write the normal form to
+    ``dst`` as :func:`save_normalized` does (a single split-layout ``.safetensors`` is copied
+    unchanged), holding one tensor at a time: names, dtypes and shapes are checked from the
+    safetensors headers before any data is read, then each tensor is read (pread, never mmap'd),
+    checked (:func:`check_values`), split if it is a packed ``attn.x_x`` and written at its place in
+    ``dst`` (:mod:`.safetensors_stream`, the bytes of ``save_file``). The returned Checkpoint's
+    tensors are on the meta device (names, shapes, dtypes). A BlinkDL ``.pth``, or a checkpoint
+    whose headers, config.json or names show a problem, is read whole by :func:`read_checkpoint`,
+    which reports it as ever."""
+    src, dst = Path(src), Path(dst)
+    files = weight_files(src)
+    index = shard_index(src) if src.is_dir() else None
+    refs = _scan_safetensors(files, index) if all(f.suffix == ".safetensors" for f in files) else None
+    if refs is None or detect_layout(refs) == "blinkdl":
+        return _write_in_memory(src, dst)
+    cfg_dir = src if src.is_dir() else src.parent
+    try:
+        geom = load_geometry(cfg_dir)
+        meta = normalize({n: torch.empty(shape, dtype=dtype, device="meta") for n, (_, dtype, shape) in refs.items()},
+                         geom, files[0] if len(files) == 1 else src)
+    except PipelineError:  # read_tensors first: a bad value is reported before a bad name, as ever
+        return _write_in_memory(src, dst)
+    layout = detect_layout(refs)
+    used = list(files) + ([src / INDEX_FILE] if index is not None else []) + [cfg_dir / "config.json"]
+    copy = layout == "fla-split" and len(files) == 1
+
+    def checked() -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor of every file, in read_tensors' order, checked, in its normal form."""
+        total = sum(torch.Size(shape).numel() * dtype.itemsize for _, dtype, shape in refs.values())
+        with Progress("normalising weights", total=total, unit="B") as bar:
+            for f in files:
+                with safe_open(f, framework="pt", backend="pread") as fh:
+                    for name in fh.keys():
+                        try:
+                            t = fh.get_tensor(name)
+                        except Exception as exc:  # noqa: BLE001 - as _file_tensors reports it
+                            raise PipelineError(f, f"cannot read safetensors ({exc})",
+                                                "re-download the file; it is truncated or corrupted") from None
+                        check_values(f, name, t)
+                        yield from _normal_parts(name, t)
+                        bar.update(t.numel() * t.element_size())
+                        del t
+
+    if copy:
+        for name, t in checked():
+            del t  # checked; nothing to write
+        shutil.copyfile(files[0], dst)  # already the normal form: bytes unchanged
+    else:
+        save_streamed(dst, {n: (t.dtype, tuple(t.shape)) for n, t in meta.items()}, checked(), NORMAL_METADATA)
+    return Checkpoint(geom, meta, layout, files, used)

@@ -1,0 +1,171 @@
+"""RWKV-7 geometry and the exact Hugging Face (fla) parameter layout it implies."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Mapping
+
+from recurrent_coreai.util.errors import PipelineError
+
+MIXERS = ("r", "w", "k", "v", "a", "g")  # order of the packed attn.x_x rows
+LORAS = {"w": "decay", "a": "a", "v": "v", "g": "gate"}
+_REQUIRED = object()
+
+
+def _json_type(value: object) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    layers: int
+    hidden: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    decay_lora: int
+    a_lora: int
+    v_lora: int
+    gate_lora: int
+    norm_eps: float = 1e-5
+
+    @property
+    def heads(self) -> int:
+        return self.hidden // self.head_dim
+
+    def lora_dim(self, which: str) -> int:
+        return getattr(self, f"{LORAS[which]}_lora")
+
+    def check(self, where: str | Path = "config") -> "Geometry":
+        for f in fields(self):  # positivity first: head_dim 0 must not reach the modulo below
+            value = getattr(self, f.name)
+            if value <= 0:
+                raise PipelineError(where, f"{f.name} must be positive, got {value}", "fix the model shape")
+        if self.hidden % self.head_dim:
+            raise PipelineError(where, f"hidden_size {self.hidden} is not a multiple of head_dim {self.head_dim}",
+                                "choose a hidden size divisible by the head size (64 for RWKV-7)")
+        return self
+
+    # --- Hugging Face config.json -------------------------------------------------
+    @classmethod
+    def from_hf_config(cls, cfg: Mapping, where: str | Path = "config.json") -> "Geometry":
+        if not isinstance(cfg, Mapping):
+            raise PipelineError(where, f"is a JSON {_json_type(cfg)}, not an object",
+                                "use the config.json of an fla/HF RWKV-7 checkpoint")
+        if cfg.get("model_type") != "rwkv7":
+            raise PipelineError(where, f"model_type is {cfg.get('model_type')!r}, not 'rwkv7'",
+                                "point the source at an RWKV-7 (x070) checkpoint")
+
+        def value_of(key: str, default: object) -> object:
+            if key not in cfg and default is _REQUIRED:
+                raise PipelineError(where, f"missing key {key!r}", "use the config.json of an fla/HF RWKV-7 checkpoint")
+            value = cfg.get(key)
+            return default if value is None and default is not _REQUIRED else value
+
+        def whole(key: str, default: object = _REQUIRED) -> int:
+            value = value_of(key, default)
+            integral = type(value) is int or (type(value) is float and value.is_integer())
+            if not integral or value <= 0:
+                raise PipelineError(where, f"{key} must be a positive integer, got {json.dumps(value)}",
+                                    f"fix {key} in config.json")
+            return int(value)
+
+        def positive(key: str, default: float) -> float:
+            value = value_of(key, default)
+            if type(value) not in (int, float) or not 0 < value < float("inf"):
+                raise PipelineError(where, f"{key} must be a positive number, got {json.dumps(value)}",
+                                    f"fix {key} in config.json")
+            return float(value)
+
+        hidden = whole("hidden_size")
+        if cfg.get("intermediate_size") is None:  # fla derives it from hidden_ratio
+            ffn = int(hidden * positive("hidden_ratio", 4.0))
+        else:
+            ffn = whole("intermediate_size")
+        return cls(
+            layers=whole("num_hidden_layers"),
+            hidden=hidden,
+            head_dim=whole("head_dim", 64),
+            ffn=ffn,
+            vocab=whole("vocab_size"),
+            decay_lora=whole("decay_low_rank_dim"),
+            a_lora=whole("a_low_rank_dim"),
+            v_lora=whole("v_low_rank_dim"),
+            gate_lora=whole("gate_low_rank_dim"),
+            norm_eps=positive("norm_eps", 1e-5),
+        ).check(where)
+
+    def to_hf_config(self) -> dict:
+        """config.json as the fla/HF RWKV-7 checkpoints write it (1.5B: RWKV/RWKV7-Goose-World3-1.5B-HF)."""
+        return {
+            "architectures": ["RWKV7ForCausalLM"],
+            "model_type": "rwkv7",
+            "attn_mode": "chunk",
+            "hidden_size": self.hidden,
+            "hidden_ratio": self.ffn / self.hidden,
+            "intermediate_size": self.ffn,
+            "num_hidden_layers": self.layers,
+            "head_dim": self.head_dim,
+            "num_heads": self.heads,
+            "decay_low_rank_dim": self.decay_lora,
+            "a_low_rank_dim": self.a_lora,
+            "v_low_rank_dim": self.v_lora,
+            "gate_low_rank_dim": self.gate_lora,
+            "hidden_act": "sqrelu",
+            "norm_first": True,
+            "norm_bias": True,
+            "norm_eps": self.norm_eps,
+            "fuse_norm": False,
+            "tie_word_embeddings": False,
+            "vocab_size": self.vocab,
+            "max_position_embeddings": 2048,
+            "initializer_range": 0.006,
+            "use_cache": True,
+            # the HF repo's own values; they are library defaults and wrong for World (EOS is 0)
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "torch_dtype": "float32",
+        }
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def expected_shapes(g: Geometry) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the split-mixer fla layout, name -> shape."""
+    C, H, N, F = g.hidden, g.heads, g.head_dim, g.ffn
+    shapes: dict[str, tuple[int, ...]] = {"model.embeddings.weight": (g.vocab, C)}
+    for i in range(g.layers):
+        p = f"model.layers.{i}."
+        if i == 0:
+            shapes[p + "pre_norm.weight"] = (C,)
+            shapes[p + "pre_norm.bias"] = (C,)
+        for norm in ("attn_norm", "ffn_norm"):
+            shapes[f"{p}{norm}.weight"] = (C,)
+            shapes[f"{p}{norm}.bias"] = (C,)
+        for m in MIXERS:
+            shapes[f"{p}attn.x_{m}"] = (1, 1, C)
+        shapes[p + "attn.k_k"] = (C,)
+        shapes[p + "attn.k_a"] = (C,)
+        shapes[p + "attn.r_k"] = (H, N)
+        for proj in ("r", "k", "v", "o"):
+            shapes[f"{p}attn.{proj}_proj.weight"] = (C, C)
+        for which in ("w", "a", "v", "g"):
+            if which == "v" and i == 0:
+                continue
+            d = g.lora_dim(which)
+            shapes[f"{p}attn.{which}_lora.lora.0.weight"] = (d, C)
+            shapes[f"{p}attn.{which}_lora.lora.2.weight"] = (C, d)
+            if which != "g":
+                shapes[f"{p}attn.{which}_lora.lora.2.bias"] = (C,)
+        shapes[p + "attn.g_norm.weight"] = (C,)
+        shapes[p + "attn.g_norm.bias"] = (C,)
+        shapes[p + "ffn.x_k"] = (C,)
+        shapes[p + "ffn.key.weight"] = (F, C)
+        shapes[p + "ffn.value.weight"] = (C, F)
+    shapes["model.norm.weight"] = (C,)
+    shapes["model.norm.bias"] = (C,)
+    shapes["lm_head.weight"] = (g.vocab, C)
+    return shapes

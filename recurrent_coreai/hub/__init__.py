@@ -1,0 +1,1 @@
+"""hub: see docs/architecture.md."""

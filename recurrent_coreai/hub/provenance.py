@@ -1,0 +1,201 @@
+"""SLSA provenance for every published bundle: an in-toto Statement v1 per bundle folder.
+
+A published bundle folder is one directory of the Hub tree — ``aimodel/<bundle>/`` (the
+``<bundle>.aimodel`` apps load, ``export.json``, ``gate.json``) or ``<target>/<bundle>/`` (the
+lowered or compiled product and ``rwkv_vocab.tsv``). Its statement is written INTO that folder,
+as ``<bundle>.intoto.json`` beside the ``.aimodel`` (never inside it: apps load the ``.aimodel``
+as it is), so whoever downloads the folder gets its provenance, and the folder's signature
+(``<bundle>.sig``, see signing.py) covers the statement too.
+
+The statement says, for every file of the folder (its subjects, by relative path and sha256):
+which model, recipe (its full definition) and targets it was built for; what it was built from
+(the source URI, revision and the sha256 of every source file, the pipeline's git commit and
+the code digests of the stages that built it, and for a device product the gated ``.aimodel``
+it was compiled from); with
+which toolchain on which OS; and the gate's verdict. It holds no timestamp, host name or
+absolute path: identical inputs give byte-identical statements (sorted keys, fixed format).
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+import shutil
+import subprocess
+from pathlib import Path, PurePosixPath
+
+from recurrent_coreai.util.fsutil import dumps_json, sha256_file, tree_files
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
+# Names this pipeline's build process (what the parameters below mean); replace by the
+# repository's public URL once it has one.
+BUILD_TYPE = "urn:rwkv7-coreai:buildtype:coreai-bundle:v1"
+BUILDER_ID = "urn:rwkv7-coreai:builder:self-hosted"
+SUFFIX = ".intoto.json"
+ABSENT = "absent"
+TOOLCHAIN_KEYS = ("python", "torch", "coreai-core", "coreai-torch", "coreai-opt")
+GATE_SUMMARY = ("pass", "steps", "agree_counted", "counted", "near_ties", "max_abs_dlogits", "mean_kl",
+                "bundle_sha256")
+GATE_SETTINGS = ("prompts", "near_tie_epsilon", "thresholds", "thresholds_why", "reference_steps", "steps_why")
+SHA1 = re.compile(r"[0-9a-f]{40}")
+
+
+def statement_name(bundle_dir: str | Path) -> str:
+    return f"{Path(bundle_dir).name}{SUFFIX}"
+
+
+def provenance_files(bundle_dir: str | Path) -> tuple[str, str]:
+    """The two files this module and signing.py add to a bundle folder (never subjects)."""
+    from recurrent_coreai.hub.signing import signature_name
+
+    return statement_name(bundle_dir), signature_name(bundle_dir)
+
+
+def subjects(bundle_dir: str | Path) -> list[dict]:
+    """Every file of the folder but its statement and signature, by relative path, sorted."""
+    bundle_dir = Path(bundle_dir)
+    skip = set(provenance_files(bundle_dir))
+    return [{"name": rel.as_posix(), "digest": {"sha256": sha256_file(bundle_dir / rel)}}
+            for rel in tree_files(bundle_dir) if rel.as_posix() not in skip]
+
+
+def _run(cmd: list[str]) -> str:
+    """First line of a tool's output, or ``absent`` when it is missing or fails."""
+    if shutil.which(cmd[0]) is None:
+        return ABSENT
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ABSENT
+    lines = (proc.stdout.strip() or proc.stderr.strip()).splitlines()
+    return lines[0].strip() if proc.returncode == 0 and lines else ABSENT
+
+
+def platform_record() -> dict:
+    """The OS this runs on; the macOS build and ``xcrun coreai-build --version`` only on macOS."""
+    system = platform.system()
+    on_mac = system == "Darwin"
+    return {
+        "system": system,
+        "release": platform.release(),
+        "machine": platform.machine(),
+        "macos_version": (platform.mac_ver()[0] or ABSENT) if on_mac else ABSENT,
+        "macos_build": _run(["sw_vers", "-buildVersion"]) if on_mac else ABSENT,
+        "coreai_build": _run(["xcrun", "coreai-build", "--version"]) if on_mac else ABSENT,
+    }
+
+
+def pipeline_record(repo: str | Path | None = None) -> dict:
+    """This checkout's git commit and whether tracked files differ from it (``absent`` outside git)."""
+    import recurrent_coreai
+
+    root = Path(repo) if repo is not None else Path(recurrent_coreai.__file__).resolve().parents[1]
+    commit, dirty = ABSENT, None
+    top = _run(["git", "-C", str(root), "rev-parse", "--show-toplevel"])
+    if top != ABSENT and Path(top).resolve() == root.resolve():  # not some repository that encloses a copy
+        commit = _run(["git", "-C", str(root), "rev-parse", "HEAD"])
+    if SHA1.fullmatch(commit):
+        # dvc.lock is the build's own record (DVC rewrites it during `dvc repro`), not a source
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
+                                 ".", ":(exclude)dvc.lock"], capture_output=True, text=True)
+        dirty = status.returncode != 0 or bool(status.stdout.strip())
+    else:
+        commit = ABSENT  # e.g. a repository without commits
+    return {"commit": commit, "dirty": dirty, "version": recurrent_coreai.__version__}
+
+
+def _source_dependencies(manifest: dict) -> list[dict]:
+    """The source snapshot as fetched (upstream files, by URI where one exists) and the normalised
+    files the export read. A local ``path`` source is named by its base name, never its path."""
+    src = manifest["source"]
+    kind, revision = src["kind"], src.get("revision")
+    if kind == "path":
+        uri, annotations = None, {"kind": kind, "name": PurePosixPath(src["uri"]).name}
+    else:
+        uri, annotations = src["uri"], {"kind": kind}
+    snapshot = {"name": "source", "annotations": {**annotations, "revision": revision}}
+    if uri:
+        snapshot["uri"] = f"{uri}@{revision}" if revision else uri
+    if revision and SHA1.fullmatch(revision):
+        snapshot["digest"] = {"gitCommit": revision}
+    deps = [snapshot]
+    for rel, entry in sorted(manifest.get("upstream", {}).items()):
+        dep = {"name": f"source/upstream/{rel}", "digest": {"sha256": entry["sha256"]}}
+        if kind == "hf" and revision:
+            dep["uri"] = f"{uri}@{revision}/{rel}"  # the bytes huggingface_hub serves at that commit
+        deps.append(dep)
+    deps += [{"name": f"source/{rel}", "digest": {"sha256": entry["sha256"]}}
+             for rel, entry in sorted(manifest["files"].items())]
+    return deps
+
+
+def statement(bundle_dir: str | Path, *, bundle_rel: str, export_record: dict, gate: dict, source_manifest: dict,
+              targets: list[str], platform_info: dict, pipeline: dict) -> dict:
+    """The in-toto Statement (SLSA provenance v1) of one published bundle folder.
+
+    ``bundle_rel``: the folder's path in the Hub tree (``aimodel/<bundle>``, ``<target>/<bundle>``);
+    ``export_record``: the recipe's ``export.json`` (its ``toolchain`` is what built the bundle);
+    ``gate``: its passing gate JSON; ``targets``: what this folder is for; ``pipeline``:
+    :func:`pipeline_record`, optionally with ``code`` ({stage: code digest})."""
+    subs = subjects(bundle_dir)
+    aimodel = export_record["bundle"]
+    tested = gate["tested_files"]
+    gated = {f"{aimodel}/{rel}": v["sha256"] for rel, v in tested["aimodel"].items()}
+    gated |= {rel: v["sha256"] for rel, v in tested.get("lowered", {}).items()}
+    code = {"dirty": pipeline["dirty"], "version": pipeline["version"], "code": pipeline.get("code", ABSENT)}
+    deps = [{"name": "rwkv7-coreai", "annotations": code,
+             **({"digest": {"gitCommit": pipeline["commit"]}} if pipeline["commit"] != ABSENT else {})},
+            *_source_dependencies(source_manifest)]
+    if not any(s["name"].startswith(f"{aimodel}/") for s in subs):  # a product built from the gated bundle
+        deps += [{"name": f"aimodel/{aimodel.removesuffix('.aimodel')}/{name}", "digest": {"sha256": sha}}
+                 for name, sha in sorted(gated.items()) if name.startswith(f"{aimodel}/")]
+    versions = export_record["toolchain"]
+    tested_here = sorted(s["name"] for s in subs if gated.get(s["name"]) == s["digest"]["sha256"])
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": subs,
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {
+            "buildDefinition": {
+                "buildType": BUILD_TYPE,
+                "externalParameters": {
+                    "model": gate["model"],
+                    "bundle": bundle_rel,
+                    "recipe": {"name": export_record["recipe"], "definition": export_record["recipe_spec"]},
+                    "targets": sorted(targets),
+                    "gate": {k: gate[k] for k in GATE_SETTINGS if k in gate},
+                },
+                "internalParameters": {
+                    "toolchain": {**{k: versions.get(k, ABSENT) for k in TOOLCHAIN_KEYS}, "os": platform_info},
+                },
+                "resolvedDependencies": deps,
+            },
+            "runDetails": {
+                "builder": {"id": BUILDER_ID, "version": {"rwkv7-coreai": pipeline["version"]}},
+                "byproducts": [{
+                    "name": "gate",
+                    "annotations": {
+                        **{k: gate[k] for k in GATE_SUMMARY},
+                        # the subjects whose exact bytes the gate ran (a device product: none)
+                        "subjects_tested": tested_here,
+                    },
+                }],
+            },
+        },
+    }
+
+
+def attest(staging_root: str | Path, bundle_rel: str, *, export_record: dict, gate: dict, source_manifest: dict,
+           targets: list[str], code: dict[str, str] | None = None) -> dict:
+    """Write ``<bundle>.intoto.json`` into ``staging_root/bundle_rel`` (for this OS and checkout);
+    ``code``: {stage: code digest} of the stages that built it (Snakemake's ``params.code``).
+    Returns ``{"statement": relpath in the tree, "sha256": its digest}``."""
+    bundle_dir = Path(staging_root) / bundle_rel
+    pipeline = pipeline_record() | ({"code": dict(sorted(code.items()))} if code else {})
+    stmt = statement(bundle_dir, bundle_rel=bundle_rel, export_record=export_record, gate=gate,
+                     source_manifest=source_manifest, targets=targets, platform_info=platform_record(),
+                     pipeline=pipeline)
+    path = bundle_dir / statement_name(bundle_dir)
+    path.write_text(dumps_json(stmt), encoding="utf-8", newline="\n")
+    return {"statement": f"{bundle_rel}/{path.name}", "sha256": sha256_file(path)}

@@ -1,0 +1,138 @@
+"""dvc.yaml from the Snakemake DAG, and the check that the two never drift apart.
+
+Snakemake is the source of truth: every job of ``publish`` (rule, wildcards, formatted shell
+command, inputs, outputs) becomes one DVC stage with the same ``cmd``, ``deps`` and ``outs``.
+DVC then adds what it is good at: ``params`` from config.yaml, gate JSONs as ``metrics``, the
+per-step TSVs as ``plots``. Both sides are read through private APIs of the pinned versions
+(snakemake 9.27.1, dvc 3.67.1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+from pathlib import Path
+
+import yaml
+
+from recurrent_coreai.pipeline.config import DEFAULT_FILE, stage_keys
+from recurrent_coreai.pipeline.fingerprint import code_files
+
+def snakemake_jobs(workdir: str | Path = ".", target: str = "publish") -> list[dict]:
+    """Every job Snakemake would run for ``target`` from scratch (forceall), as plain data."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import (ConfigSettings, DAGSettings, OutputSettings, ResourceSettings,
+                                          StorageSettings)
+
+    workdir = Path(workdir).resolve()
+    cwd = os.getcwd()
+    jobs = []
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), SnakemakeApi(OutputSettings(quiet={"all"})) as api:
+            wf_api = api.workflow(snakefile=workdir / "Snakefile", workdir=workdir,
+                                  resource_settings=ResourceSettings(cores=1),
+                                  config_settings=ConfigSettings(), storage_settings=StorageSettings())
+            wf_api.dag(DAGSettings(targets={target}, forceall=True))
+            wf = wf_api._workflow  # noqa: SLF001 - private API of the pinned snakemake
+            wf._prepare_dag(forceall=True, ignore_incomplete=True, lock_warn_only=True)  # noqa: SLF001
+            wf._build_dag()  # noqa: SLF001
+            for job in wf.dag.jobs:
+                jobs.append({
+                    "rule": job.rule.name, "wildcards": dict(job.wildcards_dict),
+                    "cmd": job.shellcmd.strip() if job.shellcmd else None,
+                    "deps": sorted(str(f) for f in job.input), "outs": sorted(str(f) for f in job.output),
+                })
+    finally:
+        os.chdir(cwd)
+    return sorted(jobs, key=lambda j: (j["rule"], sorted(j["wildcards"].items())))
+
+
+def stage_name(job: dict) -> str:
+    parts = [job["rule"]] + [job["wildcards"][k] for k in ("model", "target", "recipe") if k in job["wildcards"]]
+    return re.sub(r"[^A-Za-z0-9_-]", "_", "-".join(parts))
+
+
+def _present(cfg: dict, key: tuple[str, ...]) -> bool:
+    for part in key:
+        if not isinstance(cfg, dict) or part not in cfg:
+            return False
+        cfg = cfg[part]
+    return True
+
+
+def param_keys(rule: str, wildcards: dict, cfg: dict) -> list[str]:
+    """config.yaml keys of a stage for DVC (from config.STAGE_KEYS, the stages' own table), those
+    that ``cfg`` holds (DVC refuses a missing one; adding it regenerates dvc.yaml). DVC splits
+    keys on '.', so a key through a name with a dot (rwkv7-goose-1.5b) stops there."""
+    keys = set()
+    for key in filter(lambda k: _present(cfg, k), stage_keys(rule, **wildcards)):
+        cut = next((i for i, part in enumerate(key) if "." in part), len(key))
+        keys.add(".".join(key[:cut]))
+    return sorted(keys)
+
+
+def dvc_stages(jobs: list[dict], cfg: dict) -> dict:
+    stages = {}
+    for job in jobs:
+        if job["cmd"] is None:  # the aggregate `publish` rule runs nothing
+            continue
+        w = job["wildcards"]
+        stage = {"cmd": " ".join(job["cmd"].split()), "deps": list(job["deps"])}
+        stage["deps"] += code_files(job["rule"])  # Snakemake sees the same through params: code
+        params = param_keys(job["rule"], w, cfg)
+        if params:
+            stage["params"] = [{DEFAULT_FILE: params}]
+        outs = list(job["outs"])
+        if job["rule"] == "gate":
+            stage["metrics"] = [{o: {"cache": True}} for o in outs if o.endswith(".json")]
+            stage["plots"] = [{o: {"x": "step", "y": "max_abs_dlogits", "template": "linear"}}
+                              for o in outs if o.endswith(".tsv")]
+            outs = []
+        if outs:
+            stage["outs"] = outs
+        stages[stage_name(job)] = stage
+    return {"stages": stages}
+
+
+HEADER = ("# GENERATED from the Snakemake DAG by `python scripts/gen_dvc.py` -- do not edit by hand.\n"
+          "# tests/test_dag_drift.py fails when this file and the Snakefile disagree.\n")
+
+
+def render(jobs: list[dict], cfg: dict) -> str:
+    """dvc.yaml for ``jobs``, with the params that ``cfg`` (config.yaml) holds."""
+    return HEADER + yaml.safe_dump(dvc_stages(jobs, cfg), sort_keys=False, width=1000)
+
+
+def dvc_index(workdir: str | Path = ".") -> dict[str, dict]:
+    """What DVC itself parses from dvc.yaml: {stage: {cmd, deps, outs}} (outs incl. metrics/plots)."""
+    from dvc.dependency.param import ParamsDependency
+    from dvc.repo import Repo
+
+    with Repo(str(workdir)) as repo:
+        out = {}
+        for st in repo.index.stages:
+            out[st.name] = {"cmd": st.cmd, "deps": sorted(d.def_path for d in st.deps if not isinstance(d, ParamsDependency)),
+                            "outs": sorted(o.def_path for o in st.outs)}
+        return out
+
+
+def drift(jobs: list[dict], index: dict[str, dict]) -> list[str]:
+    """Differences between Snakemake's jobs and DVC's stages (empty = in agreement)."""
+    problems = []
+    want = {stage_name(j): j for j in jobs if j["cmd"] is not None}
+    for name in sorted(set(want) - set(index)):
+        problems.append(f"stage {name} is in the Snakefile but not in dvc.yaml")
+    for name in sorted(set(index) - set(want)):
+        problems.append(f"stage {name} is in dvc.yaml but not in the Snakefile")
+    for name in sorted(set(want) & set(index)):
+        job, st = want[name], index[name]
+        if " ".join(job["cmd"].split()) != " ".join(str(st["cmd"]).split()):
+            problems.append(f"stage {name}: cmd differs")
+        deps = sorted(job["deps"] + code_files(job["rule"]))
+        if deps != sorted(st["deps"]):
+            problems.append(f"stage {name}: deps {st['deps']} != inputs {deps}")
+        if sorted(job["outs"]) != st["outs"]:
+            problems.append(f"stage {name}: outs {st['outs']} != outputs {job['outs']}")
+    return problems

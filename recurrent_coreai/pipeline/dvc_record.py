@@ -1,0 +1,102 @@
+"""Record in DVC the stages a Snakemake run executed — and only those.
+
+``dvc commit -f`` of every stage would bless whatever sits in the workspace, including an
+output altered after it was built. So we commit only the stages whose outputs this run wrote
+(every output newer than the run's start; Snakemake stamps directory outputs on completion),
+and only when the run used config.yaml's settings, which are what dvc.yaml and dvc.lock
+describe. Anything else is left for ``dvc status`` to show as changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from recurrent_coreai.pipeline import config as cfgmod
+from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.pipeline.paths import STATE_DIR
+
+TIMESTAMP = ".snakemake_timestamp"
+
+
+def built_since(path: Path, since: float) -> bool:
+    """Was ``path`` (a file, or a directory output with Snakemake's stamp) written after ``since``?"""
+    stamps = [path, path / TIMESTAMP] if path.is_dir() else [path]
+    times = [p.stat().st_mtime for p in stamps if p.exists()]
+    return bool(times) and max(times) >= since
+
+
+def stage_outs(stage: dict) -> list[Path]:
+    return [Path(next(iter(o)) if isinstance(o, dict) else o) for key in ("outs", "metrics", "plots")
+            for o in stage.get(key, [])]
+
+
+def executed_stages(stages: dict, since: float) -> list[str]:
+    return [name for name, st in stages.items()
+            if stage_outs(st) and all(built_since(p, since) for p in stage_outs(st))]
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def _git_ok() -> str | None:
+    try:
+        proc = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        return "git is not installed"
+    return None if proc.returncode == 0 else "this tree is not a git repository (DVC needs one)"
+
+
+def dvc_commit(names: list[str]) -> subprocess.CompletedProcess:
+    """``dvc commit -f`` under a lock, so two runs in one tree never lose a record."""
+    lock = Path(STATE_DIR) / "dvc-commit.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        return subprocess.run(["dvc", "commit", "-f", "-q", *names], capture_output=True, text=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from recurrent_coreai.pipeline.dag import render, snakemake_jobs
+
+    ap = argparse.ArgumentParser(prog="scripts/dvc_record.py")
+    ap.add_argument("--config-file", default=cfgmod.DEFAULT_FILE)
+    ap.add_argument("--since", type=float, default=0.0, help="record stages whose outputs are newer (epoch s)")
+    ns = ap.parse_args(argv)
+    if not Path(".dvc").is_dir():
+        _say("DVC: not recorded: no .dvc directory here (running without DVC)")
+        return 0
+    reason = _git_ok()
+    if reason:
+        _say(f"DVC: not recorded: {reason}; the outputs were built without DVC -- fix: run from a git clone to track them")
+        return 0
+    try:
+        differs = cfgmod.differs_from_default(cfgmod.load(ns.config_file))
+    except PipelineError as exc:
+        _say(f"error: {exc}")
+        return 1
+    if differs:
+        _say(f"DVC: not recorded: this run's config differs from config.yaml at {', '.join(differs[:3])}"
+             f"{' …' if len(differs) > 3 else ''}; dvc.lock describes config.yaml only -- fix: put the settings "
+             "in config.yaml and run again to track these outputs")
+        return 0
+    text = render(snakemake_jobs("."), cfgmod.read_yaml(cfgmod.DEFAULT_FILE))
+    if Path("dvc.yaml").read_text() != text:
+        Path("dvc.yaml").write_text(text)
+        _say("dvc.yaml regenerated from the Snakefile's DAG (commit it)")
+    stages = yaml.safe_load(text)["stages"]
+    names = executed_stages(stages, ns.since)
+    if names:
+        proc = dvc_commit(names)
+        if proc.returncode:
+            why = (proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}").splitlines()[-1]
+            _say(f"error: dvc commit: {why} -- fix: run `dvc status`, then `dvc commit -f {' '.join(names[:2])} …` by hand")
+            return proc.returncode
+    print(f"DVC: recorded the {len(names)} stage(s) this run built, of {len(stages)}")
+    return 0

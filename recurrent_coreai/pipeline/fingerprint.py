@@ -1,0 +1,145 @@
+"""The code each stage runs, as files: its entry script, its module and every package module that
+module imports (transitively, also imports inside functions), plus the data files those read.
+
+Snakemake sees a stage's code through ``params: code=digest(rule)`` (content, not mtimes) and DVC
+through the same files as ``deps`` in the generated dvc.yaml: editing the card template reruns
+the card (and what depends on it), editing the reference stage reruns the reference — and nothing
+else does.
+
+Families are imported by name at run time (``families.get(name)``), which no ``import`` statement
+shows: a stage that runs a family's code (:data:`FAMILY_RULES`) gets that family's folder in its
+fingerprint through :func:`digest` with ``family=``. So editing ``families/rwkv7/`` reruns the
+RWKV-7 models' stages that use family code and nothing of another family's models.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1]
+ROOT = PACKAGE.parent
+NAME = PACKAGE.name
+# rule -> (entry script, module holding its ``main``, dotted below the package)
+ENTRY = {
+    "toolchain": ("toolchain", "stages.toolchain"), "source": ("source", "stages.source"),
+    "vocab": ("vocab", "stages.vocab"), "reference": ("reference", "stages.reference"),
+    "export": ("export", "stages.export"), "aot": ("aot", "stages.aot"), "gate": ("gate", "stages.gate"),
+    "card": ("card", "stages.card"), "stage_and_push": ("publish", "stages.publish"),
+    "doctor": ("doctor", "stages.doctor"), "report": ("report", "stages.report"),
+}
+# data files a module reads at run time (globs relative to the module's folder)
+DATA = {"stages.card": ("templates/model_card.md.j2",), "stages.report": ("templates/report.html.j2",),
+        "pipeline.config": ("schemas/*.yaml",)}
+# rules whose stage runs a family's code (loaded by name through the registry)
+FAMILY_RULES = frozenset({"source", "vocab", "reference", "export", "doctor", "card", "stage_and_push"})
+
+
+def _path(module: str) -> Path | None:
+    """The file of a dotted module below the package (a module file or a package's __init__)."""
+    base = PACKAGE.joinpath(*module.split(".")) if module else PACKAGE
+    if base.with_suffix(".py").is_file():
+        return base.with_suffix(".py")
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py"
+    return None
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> list[str]:
+    """Package modules one ``from … import …`` names (relative or absolute)."""
+    if node.level:
+        parts = module.split(".")
+        is_pkg = _path(module) is not None and _path(module).name == "__init__.py"
+        base_parts = parts if is_pkg else parts[:-1]
+        base_parts = base_parts[: len(base_parts) - (node.level - 1)] if node.level > 1 else base_parts
+        base = ".".join(p for p in base_parts + ((node.module or "").split(".") if node.module else []) if p)
+    elif (node.module or "") == NAME or (node.module or "").startswith(NAME + "."):
+        base = (node.module or "").removeprefix(NAME).lstrip(".")
+    else:
+        return []
+    found = [base] if _path(base) is not None and base else []
+    for alias in node.names:  # `from pkg import module`
+        sub = f"{base}.{alias.name}" if base else alias.name
+        if _path(sub) is not None:
+            found.append(sub)
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def _imports(module: str) -> frozenset[str]:
+    """Package modules ``module`` imports anywhere in its body (and the packages above them)."""
+    path = _path(module)
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            names = _resolve(module, node)
+        elif isinstance(node, ast.Import):
+            names = [a.name.removeprefix(NAME + ".") for a in node.names if a.name.startswith(NAME + ".")]
+        else:
+            continue
+        for n in names:
+            parts = n.split(".")
+            found |= {".".join(parts[:i]) for i in range(1, len(parts) + 1) if _path(".".join(parts[:i]))}
+    return frozenset(found)
+
+
+@functools.lru_cache(maxsize=None)
+def module_closure(start: str) -> tuple[str, ...]:
+    """``start`` and every package module it imports, transitively (the package's ``__init__``
+    always: importing the package runs it)."""
+    todo, seen = [start, ""], set()
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(_imports(m) - seen)
+    return tuple(sorted(seen))
+
+
+def modules(rule: str) -> tuple[str, ...]:
+    """The package modules a rule's stage runs (without a family's own modules)."""
+    return module_closure(ENTRY[rule][1])
+
+
+def family_modules(family: str) -> tuple[str, ...]:
+    """Every module of ``families/<family>/`` and what they import (the shared layers)."""
+    folder = PACKAGE / "families" / family
+    start = sorted(f"families.{family}." + p.relative_to(folder).with_suffix("").as_posix().replace("/", ".")
+                   for p in folder.rglob("*.py") if p.name != "__init__.py")
+    found: set[str] = set()
+    for m in [f"families.{family}", *start]:
+        found |= set(module_closure(m))
+    return tuple(sorted(found))
+
+
+def _file_of(module: str) -> str:
+    return _path(module).relative_to(ROOT).as_posix()
+
+
+def code_files(rule: str, family: str | None = None) -> list[str]:
+    """Repository-relative paths of everything the rule's stage runs; with ``family``, also that
+    family's folder (for the rules of :data:`FAMILY_RULES`)."""
+    files = {f"scripts/{ENTRY[rule][0]}.py"}
+    mods = set(modules(rule))
+    if family is not None and rule in FAMILY_RULES:
+        mods |= set(family_modules(family))
+        folder = PACKAGE / "families" / family
+        files |= {p.relative_to(ROOT).as_posix() for p in folder.rglob("*") if p.is_file()
+                  and "__pycache__" not in p.parts}
+    for m in mods:
+        files.add(_file_of(m))
+        folder = _path(m).parent
+        for pattern in DATA.get(m, ()):
+            files |= {p.relative_to(ROOT).as_posix() for p in folder.glob(pattern)}
+    return sorted(files)
+
+
+def digest(rule: str, family: str | None = None) -> str:
+    """sha256 over the contents of :func:`code_files` (what Snakemake's params hold)."""
+    h = hashlib.sha256()
+    for rel in code_files(rule, family):
+        h.update(rel.encode() + b"\0" + (ROOT / rel).read_bytes() + b"\0")
+    return h.hexdigest()

@@ -1,0 +1,134 @@
+"""Cluster resources per job (``mem_mb``, ``runtime`` in minutes, ``cpus_per_task``) from the
+size of the model, for Snakemake's ``resources:`` and so for ``sbatch`` under the SLURM profile.
+
+Sizes come from the geometry the stage before recorded (``manifest.json`` of the source,
+``export.json`` of a bundle) -- the real checkpoint, not a guess from config.yaml -- so a job's
+numbers are known once its input exists; until then Snakemake shows ``<TBD>`` and evaluates
+them when the job is ready to run (a missing record raises FileNotFoundError for that input).
+
+Memory is ``MEMORY[rule]``: base MB + a multiple of the weight bytes, times ``HEADROOM``:
+* export: weights are streamed per tensor into the recipe's dtype, so the peak follows the
+  bundle: 1.5B-shaped, fp16 3.8 GB for a 3.06 GB bundle, int8keepproj 3.0 GB for 2.17 GB
+  (bench/bench_scale.py); rwkv7-tiny: 630 MB (fp32 weights 69 MB).
+* source: streamed too (1.5B-shaped: 772 MB peak for the 6.1 GB checkpoint), so it is FLAT.
+* aot / gate: rwkv7-tiny 360-440 MB; they hold the bundle (about 2x / 1.5x its bytes).
+* runtimes scale with parameters (and gate steps) from rwkv7-tiny on this 2-core machine, with
+  a generous ``TIME_HEADROOM``; the gate's float16 rate (one process) is checked at 1.5B: the
+  1.5B-shaped fp16 gate took 1089 s CPU for 127 steps and the prefill check (about 5 s per
+  billion parameters per step; in 2 processes 13 min wall).
+* ``FLAT`` rules do not grow with the model; ``doctor`` (coreai doctor's static lint over the
+  checkpoint directory and the bundle) is measured on rwkv7-tiny only.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+from pathlib import Path
+from typing import Callable
+
+from recurrent_coreai.families.rwkv7.geometry import Geometry, expected_shapes
+from recurrent_coreai.pipeline.records import EXPORT, MANIFEST, load_json
+
+NAMES = ("mem_mb", "runtime", "cpus_per_task")
+DTYPE_BYTES = {"float32": 4, "float16": 2}
+HEADROOM = 1.25  # on memory
+TIME_HEADROOM = 3.0  # on run time
+RETRY_GROWTH = 0.5  # a retried job (snakemake --retries N) asks for 1.5x, 2x, ... the memory
+MIN_RUNTIME = 10  # minutes
+# rule -> (base MB, bytes per weight byte, which weights: "fp32" source or the recipe's "bundle")
+MEMORY = {
+    "reference": (600, 1.5, "fp32"),
+    "export": (600, 1.2, "bundle"),
+    "aot": (500, 2.0, "bundle"),
+    "gate": (500, 1.5, "bundle"),
+}
+# rule -> seconds per billion parameters (per gate step for `gate`, per reference step for
+# `reference`), by the dtype the stage computes in; measured on rwkv7-tiny (17.2 M parameters)
+SECONDS_PER_GPARAM = {
+    "reference": {"float32": 1.7},
+    "export": {"float32": 1500.0, "float16": 1500.0},
+    "aot": {"float32": 120.0, "float16": 120.0},
+    "gate": {"float32": 7.0, "float16": 25.0},  # float16: int8keepproj's dequantisation (tiny 20.7; fp16 6.1)
+}
+STARTUP_S = 30  # imports (torch, coreai) and reading the inputs
+# rule -> (mem_mb, runtime) for the jobs that do not grow with the model (doctor: a static lint)
+FLAT = {"toolchain": (500, 5), "vocab": (1000, 10), "card": (1000, 10), "doctor": (1000, 15), "report": (1000, 10),
+        "stage_and_push": (2000, 30), "source": (2000, 60)}
+SIZED = tuple(MEMORY)
+
+
+def parameters(g: Geometry) -> int:
+    """Number of weights of the fla layout (every tensor ``expected_shapes`` lists)."""
+    return sum(math.prod(shape) for shape in expected_shapes(g).values())
+
+
+def geometry_of(record_dir: str | Path) -> Geometry:
+    """The geometry a stage recorded in ``record_dir`` (``manifest.json`` or ``export.json``).
+    Missing -> FileNotFoundError naming ``record_dir`` (Snakemake's cue for ``<TBD>``)."""
+    record_dir = Path(record_dir)
+    for name in (MANIFEST, EXPORT):
+        if (record_dir / name).is_file():
+            return Geometry(**load_json(record_dir / name)["geometry"])
+    raise FileNotFoundError(errno.ENOENT, "no manifest.json or export.json yet", str(record_dir))
+
+
+def cpus_for(params: int) -> int:
+    """Threads worth asking for: 1 below 0.5 B parameters, then 2, 4, 8."""
+    return next(c for limit, c in ((0.5e9, 1), (1e9, 2), (2e9, 4), (math.inf, 8)) if params < limit)
+
+
+def estimate(rule: str, g: Geometry | None = None, dtype: str = "float32", steps: int = 1, attempt: int = 1) -> dict:
+    """``{mem_mb, runtime, cpus_per_task}`` of one job of ``rule``. ``g`` is required for the
+    rules whose needs grow with the model (``SIZED``); ``dtype`` is the recipe's, ``steps`` the
+    gate's (reference and gate run one model step per token)."""
+    grow = 1 + RETRY_GROWTH * (max(attempt, 1) - 1)
+    if rule not in SIZED and rule not in FLAT:
+        raise ValueError(f"recurrent_coreai/pipeline/resources.py has no size for rule {rule!r}: add it to FLAT or MEMORY")
+    if rule not in SIZED:
+        mem, minutes = FLAT[rule]
+        return {"mem_mb": int(mem * grow), "runtime": minutes, "cpus_per_task": 1}
+    params = parameters(g)
+    base, per_byte, weights = MEMORY[rule]
+    weight_bytes = params * (4 if weights == "fp32" else DTYPE_BYTES[dtype])
+    mem = (base + per_byte * weight_bytes / 1e6) * HEADROOM * grow
+    rates = SECONDS_PER_GPARAM[rule]
+    work = steps if rule in ("gate", "reference") else 1
+    seconds = STARTUP_S + rates.get(dtype, rates.get("float32")) * params / 1e9 * work
+    return {"mem_mb": int(math.ceil(mem / 100) * 100),
+            "runtime": max(MIN_RUNTIME, int(math.ceil(seconds * TIME_HEADROOM / 60))),
+            "cpus_per_task": cpus_for(params)}
+
+
+def for_rule(rule: str, config: dict, record: str | None = None) -> dict[str, Callable]:
+    """``resources:`` of a rule as Snakemake callables: ``resources: **for_rule("export", config,
+    "source")`` sizes each export from the geometry recorded in its ``input.source``."""
+
+    def one(name: str) -> Callable:
+        def value(wildcards, input, attempt, threads):  # noqa: A002 - Snakemake passes these by name
+            g = geometry_of(input[record]) if record else None
+            recipe = config["recipes"].get(wildcards.get("recipe"), {})
+            need = estimate(rule, g, dtype=recipe.get("dtype", "float32"), steps=config["gate"]["steps"],
+                            attempt=attempt)
+            if rule == "gate" and name == "mem_mb":  # each of its processes holds the bundle
+                return need[name] * threads
+            return need[name]
+        return value
+
+    return {name: one(name) for name in NAMES}
+
+
+MAX_GATE_THREADS = 4  # the gate's units: the prefill check and one per prompt (4 by default)
+
+
+def gate_threads(config: dict) -> Callable:
+    """``threads:`` of the gate: its ``cpus_per_task`` from the model's configured shape (a
+    synthetic source), else :data:`MAX_GATE_THREADS` (an hf checkpoint's shape is known only
+    once it is downloaded, and Snakemake needs threads before that). Snakemake caps it at
+    ``--cores``; the stage runs as many processes as it is granted (gate.workers_granted)."""
+
+    def value(wildcards):
+        shape = config["models"][wildcards.model]["source"].get("shape")
+        return cpus_for(parameters(Geometry(**shape))) if shape else MAX_GATE_THREADS
+
+    return value

@@ -1,0 +1,1 @@
+"""stages: see docs/architecture.md."""

@@ -1,0 +1,171 @@
+"""The model card: rendered from a Jinja2 template with numbers read from the stage outputs.
+
+Sections between ``<!-- name begin -->`` and ``<!-- name end -->`` are managed: on
+regeneration they are rewritten in place, while text outside them (a maintainer's edits in
+the published card) is kept. The YAML front matter is managed too.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+import yaml
+
+from recurrent_coreai.pipeline import stage
+from recurrent_coreai.pipeline.config import origin
+from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_functions
+from recurrent_coreai.util.errors import PipelineError, main_guard
+from recurrent_coreai.util.frontmatter import FRONT, front_matter
+from recurrent_coreai.pipeline.paths import WEIGHT_FILE
+from recurrent_coreai.pipeline.records import EXPORT, by_recipe, load_json, read_manifest
+
+BLOCK = re.compile(r"<!-- (?P<name>[\w-]+) begin -->\r?\n(?P<body>.*?)<!-- (?P=name) end -->", re.S)
+TAGS = ["coreai", "rwkv7", "rwkv", "linear-attention", "no-kv-cache", "text-generation"]
+TARGET_SUFFIX = {"linux": (".aimodelx", "Linux lowering for the Core AI runtime")}
+
+
+def blocks(text: str) -> dict[str, str]:
+    return {m["name"]: m["body"] for m in BLOCK.finditer(text)}
+
+
+def merge(existing: str | None, fresh: str) -> str:
+    """Rewrite the managed blocks and front matter of ``existing`` from ``fresh``; keep the rest.
+    Blocks new in ``fresh`` are appended at the end."""
+    if not existing:
+        return fresh
+    new_blocks = blocks(fresh)
+    seen = set()
+
+    def sub(m):
+        seen.add(m["name"])
+        body = new_blocks.get(m["name"], m["body"])
+        return f"<!-- {m['name']} begin -->\n{body}<!-- {m['name']} end -->"
+
+    out = BLOCK.sub(sub, existing)
+    fm = FRONT.match(fresh)
+    if fm:
+        out = FRONT.sub(lambda _: fm.group(0), out, count=1) if FRONT.match(out) else fm.group(0) + out
+    missing = [(name, body) for name, body in new_blocks.items() if name not in seen]
+    if missing:
+        tail = out[len(out.rstrip("\r\n")):] or "\n"   # keep the maintainer's own line ending
+        out = out.rstrip("\r\n") + "".join(f"\n\n<!-- {n} begin -->\n{b}<!-- {n} end -->" for n, b in missing) + tail
+    return out
+
+
+def source_license(source_dir: Path, fallback: str | None) -> str:
+    readme = source_dir / "README.md"
+    meta = front_matter(readme) if readme.is_file() else {}
+    if meta.get("license"):
+        return str(meta["license"])
+    if fallback:
+        return fallback
+    raise PipelineError(readme, "no license in the source card and none in config", "set models.<name>.license")
+
+
+def build_date(config_origin: str = "config.yaml") -> str:
+    """Reproducible: $SOURCE_DATE_EPOCH, else the date of the last commit that changed the config
+    file (the first of the files the config was merged from)."""
+    import os
+    from datetime import datetime, timezone
+
+    if os.environ.get("SOURCE_DATE_EPOCH"):
+        return datetime.fromtimestamp(int(os.environ["SOURCE_DATE_EPOCH"]), timezone.utc).strftime("%Y-%m-%d")
+    try:
+        config_file = Path(config_origin.split(" + ")[0]).resolve()
+        out = subprocess.run(["git", "log", "-1", "--format=%cs", "--", config_file.name], cwd=config_file.parent,
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    return out or "unknown (not built from a git checkout)"
+
+
+def group_layers(rows: list[dict]) -> str:
+    """``attn.r_proj`` ×24 … : layer names with the block index folded, in first-seen order."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        leaf = re.sub(r"^model\.layers\.\d+\.", "", r["layer"])
+        counts[leaf] = counts.get(leaf, 0) + 1
+    return ", ".join(f"`{k}`" + (f" ×{n}" if n > 1 else "") for k, n in counts.items())
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dict], gates: dict[str, dict],
+            source_dir: Path, toolchain: dict, vocab_entries: int, date: str) -> dict:
+    """Everything the template shows; ``cfg`` holds at least the card stage's settings."""
+    mcfg = cfg["models"][model]
+    missing = [r for r in mcfg["recipes"] if r not in exports or r not in gates]
+    if missing:
+        raise PipelineError(f"recipe {missing[0]}", "has no export record or gate result among the card's inputs",
+                            "run the export and gate stages for every recipe of the model")
+    g = source_manifest["geometry"]
+    recipes = []
+    for name in mcfg["recipes"]:
+        exp, gate = exports[name], gates[name]
+        q = cfg["recipes"][name].get("quantize")
+        kept_reasons = sorted({r["reason"] for r in exp["kept"]})
+        recipes.append({
+            "name": name, "bundle": exp["bundle"].removesuffix(".aimodel"), "size": _size(exp["size_bytes"]),
+            "weights": (f"int{q['bits']} + fp16" if q else {"float16": "fp16", "float32": "fp32"}[exp["state_dtype"]]),
+            "gate": gate, "quantized": exp["quantized"], "kept": exp["kept"], "kept_reasons": "; ".join(kept_reasons),
+            "quantized_groups": group_layers(exp["quantized"]), "kept_groups": group_layers(exp["kept"]),
+            "bits": f"int{q['bits']}" if q else None, "block": q["block_size"] if q else None,
+        })
+    targets = []
+    for t in mcfg["targets"]:
+        kind = cfg["targets"][t]["kind"]
+        suffix, what = TARGET_SUFFIX.get(kind, (f".{t}.aimodelc", f"compiled for {t} by coreai-build"))
+        targets.append({"name": t, "suffix": suffix, "what": what})
+    base_model = source_manifest["source"]["uri"].removeprefix("hf://") if source_manifest["source"]["kind"] == "hf" else None
+    front = {"license": source_license(source_dir, mcfg.get("license")), "library_name": "coreai",
+             "pipeline_tag": "text-generation", "tags": TAGS}
+    if base_model:
+        front["base_model"] = base_model
+    first = next(iter(exports.values()))
+    functions = bundle_functions(first)
+    for name, gate in gates.items():
+        if "prefill" not in gate:
+            raise PipelineError(f"recipe {name}", "its gate result has no prefill check (made before the prefill gate)",
+                                "rerun the gate stage (snakemake --forcerun gate)")
+    return {
+        "front_matter": yaml.safe_dump(front, sort_keys=True, allow_unicode=True),
+        "title": f"{mcfg['dir']} for Core AI", "description": mcfg.get("description", model), "model": model,
+        "source": source_manifest["source"], "g": g, "states": first["states"], "recipes": recipes,
+        "functions": [functions[DECODE], functions[PREFILL]], "decode": functions[DECODE],
+        "prefill": functions[PREFILL], "prefill_gate": next(iter(gates.values()))["prefill"],
+        "targets": targets, "gate_steps": max(g.get("reference_steps", g["steps"]) for g in gates.values()),
+        "n_prompts": len(next(iter(gates.values()))["prompts"]),
+        "vocab_entries": vocab_entries, "device_numbers": mcfg.get("device_numbers") or {},
+        "weights_sha256": source_manifest["files"][WEIGHT_FILE]["sha256"],
+        "toolchain": toolchain, "build_date": date,
+    }
+
+
+def render(ctx: dict) -> str:
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             loader=jinja2.FunctionLoader(
+                                 lambda name: resources.files(__package__).joinpath("templates", name).read_text()))
+    return env.get_template("model_card.md.j2").render(**ctx)
+
+
+@main_guard
+def main(argv=None) -> int:
+    """The card stage: ``scripts/card.py --model M --source … --exports … --gates … [--curated F] --out F``."""
+    from recurrent_coreai.util.fsutil import write_text_atomic
+    from recurrent_coreai.tokenizers.world import read_tsv
+
+    ns = stage.parser("card", "model", "source", "vocab", "toolchain", "out", lists=("exports", "gates"),
+                      optional_lists=("curated",)).parse_args(argv)
+    s, cfg = stage.setup("card", ns)
+    ctx = context(ns.model, s, read_manifest(Path(ns.source)), by_recipe(ns.exports, EXPORT), by_recipe(ns.gates),
+                  Path(ns.source), load_json(Path(ns.toolchain))["versions"], len(read_tsv(Path(ns.vocab))),
+                  build_date(origin(cfg)))
+    existing = ns.curated[0].read_text(encoding="utf-8") if ns.curated else None
+    write_text_atomic(ns.out, merge(existing, render(ctx)))
+    stage.log.info("card %s -> %s%s", ns.model, ns.out, f" (merged into {ns.curated[0]})" if existing else "")

@@ -1,0 +1,125 @@
+"""The peer lint: ``coreai doctor`` (coreai-cli, a community static lint of known Core AI traps)
+over the export graph's source, the checkpoint and one recipe's bundle.
+
+``scripts/doctor.py --model M --recipe R --sources F.py... --checkpoint DIR --export DIR --out J``
+writes every report (coreai-cli's own JSON per target) into ``results/<m>/gate/<r>.doctor.json``.
+A defect that coreai doctor rates fatal or silent (its exit status 2) fails the stage with exit 2
+and one line naming the finding; runaway/perf findings (its exit status 1) are kept in the JSON
+and logged as warnings. On failure the declared output is not written.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from recurrent_coreai.pipeline import stage
+from recurrent_coreai.util.errors import PipelineError, main_guard
+from recurrent_coreai.util.fsutil import dumps_json, write_text_atomic
+from recurrent_coreai.pipeline.paths import Layout
+from recurrent_coreai.pipeline.records import read_export
+
+PROFILE = "iphone"  # the device class the shipped bundles target (gates coreai doctor's device rules)
+FAIL_STATUS = 2  # coreai doctor: 2 = fatal/silent defect, 1 = runaway/perf, 0 = none
+FIX_TOOL = "pip install -r requirements.txt (coreai-cli is pinned there)"
+# what defines the exported functions: linted as PyTorch source (rules/doctor.smk declares them as inputs)
+SOURCES = ("recurrent_coreai/families/rwkv7/export_graph.py", "recurrent_coreai/families/rwkv7/chunked.py", "recurrent_coreai/coreai/entrypoints.py")
+
+
+def doctor_json(lay: Layout, recipe: str) -> Path:
+    """``results/<m>/gate/<recipe>.doctor.json``: beside the recipe's gate result."""
+    return lay.base / "gate" / f"{recipe}.doctor.json"
+
+
+def tool_version() -> str:
+    try:
+        return f"coreai-cli {version('coreai-cli')}"
+    except PackageNotFoundError:
+        raise PipelineError("coreai-cli", "is not installed", FIX_TOOL) from None
+
+
+def run_doctor(target: Path) -> tuple[int, dict]:
+    """``coreai doctor TARGET --json``: (its exit status, its JSON report). Paths in the report
+    are given as ``target`` was (coreai doctor resolves them), so the JSON does not depend on
+    where the tree lives."""
+    cmd = [sys.executable, "-m", "coreai_cli", "doctor", str(target), "--json", "--profile", PROFILE]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        lines = (proc.stderr.strip() or proc.stdout.strip() or f"exit status {proc.returncode}").splitlines()
+        raise PipelineError(target, f"coreai doctor gave no report ({lines[-1][:300]})",
+                            f"check the path; run `coreai doctor {target}` to see why") from None
+    absolute = str(Path(target).resolve())
+    report["target"] = str(target)
+    for f in report["findings"]:
+        f["where"] = f["where"].replace(absolute, str(target))
+    return proc.returncode, report
+
+
+def lint(sources: list[Path], checkpoint: Path | None, bundle: Path | None) -> dict:
+    """Every target's report and the worst exit status."""
+    targets = [*sources, *([checkpoint] if checkpoint else []), *([bundle] if bundle else [])]
+    reports, worst = [], 0
+    for target in targets:
+        status, report = run_doctor(Path(target))
+        report["exit_status"] = status
+        reports.append(report)
+        worst = max(worst, status)
+    findings = [f for r in reports for f in r["findings"]]
+    return {"tool": tool_version(), "profile": PROFILE, "exit_status": worst, "findings": len(findings),
+            "defects": sum(f["severity"] in ("fatal", "silent", "runaway", "perf") for f in findings),
+            "reports": reports}
+
+
+def first_defect(result: dict) -> tuple[str, dict]:
+    """(target, finding) of the first fatal/silent finding."""
+    for report in result["reports"]:
+        for f in report["findings"]:
+            if f["severity"] in ("fatal", "silent"):
+                return report["target"], f
+    raise ValueError("no fatal or silent finding")
+
+
+def doctor_bundle(sources: list[Path], checkpoint: Path | None, export_dir: Path | None, out: Path) -> dict:
+    bundle = export_dir / read_export(export_dir)["bundle"] if export_dir else None
+    result = lint(sources, checkpoint, bundle)
+    for report in result["reports"]:
+        for f in report["findings"]:
+            stage.log.warning("coreai doctor %s: %s (%s) at %s: %s -- fix: %s", report["kind"], f["id"], f["severity"],
+                              f["where"], f["evidence"], f["fix"])
+    if result["exit_status"] < FAIL_STATUS:
+        write_text_atomic(out, dumps_json(result))
+    return result
+
+
+def error_line(result: dict) -> str:
+    """The one line for the first fatal/silent finding (the rest are in the log and the JSON)."""
+    _, f = first_defect(result)
+    more = result["defects"] - 1
+    line = (f"error: {f['where']}: coreai doctor {f['id']} ({f['severity']}): {f['title']}: {f['evidence']}"
+            + (f" (+{more} more defect{'s' if more > 1 else ''} in the log)" if more > 0 else "")
+            + f" -- fix: {f['fix']}")
+    return " ".join(line.split())
+
+
+@main_guard
+def main(argv=None) -> int:
+    """``scripts/doctor.py``: exit 0 (no findings, or only runaway/perf ones: kept in the JSON and
+    logged), 2 (a fatal/silent defect: one line on stderr, no output written), 1 (anything else
+    that went wrong, e.g. coreai-cli missing: one line)."""
+    p = stage.parser("doctor", "model", "recipe", "out", lists=("sources",))
+    p.add_argument("--checkpoint", type=Path, help="the normalised checkpoint directory (results/<m>/source)")
+    p.add_argument("--export", type=Path, help="the recipe's export directory (its .aimodel is linted)")
+    ns = p.parse_args(argv)
+    stage.setup("doctor", ns)
+    result = doctor_bundle(ns.sources, ns.checkpoint, ns.export, Path(ns.out))
+    if result["exit_status"] >= FAIL_STATUS:
+        print(error_line(result), file=sys.stderr)
+        return FAIL_STATUS
+    stage.log.info("doctor %s/%s: %s, %d targets, %d findings (%d defects) -> %s", ns.model, ns.recipe,
+                   result["tool"], len(result["reports"]), result["findings"], result["defects"], ns.out)
+    return 0

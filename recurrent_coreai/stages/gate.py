@@ -1,0 +1,362 @@
+"""The parity gate: teacher-forced comparison of a Core AI bundle against the reference.
+
+1. :func:`reference_stream` (once per model): for every prompt, token 0 then
+   ``User: {prompt}\\n\\nAssistant:``, extended by the fp32 reference's greedy continuation up
+   to the prompt's share of the step budget; the reference logits at every step are stored.
+2. :func:`run_gate` (per recipe): the SAME fixed token stream is fed to the Core AI runtime
+   through the decode function; per step we compare the argmax and max|Δlogits|. A step where
+   the reference's top-2 margin is below ``near_tie_epsilon`` is a near-tie: the engine may pick
+   either of the two.
+3. The prefill check (:func:`prefill_check`): the reference's continuous prefill stream goes
+   through the bundle's prefill function in full chunks and its tail through decode, on the
+   same states; each chunk's last-position logits and every tail step are compared the same way,
+   and the states after each chunk and at the end must be within the recipe's
+   ``prefill_max_abs_dstate`` of the reference's. It fails the gate like any other check.
+4. The contract: every function of the bundle writes each state exactly once per call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from recurrent_coreai.pipeline import stage
+from recurrent_coreai.coreai import toolchain
+from recurrent_coreai.families.rwkv7.chunked import split_prompt
+from recurrent_coreai.pipeline.config import gate_settings, prompt_budgets
+from recurrent_coreai.coreai.runtime import PromptSession
+from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_functions
+from recurrent_coreai.util.errors import PipelineError, main_guard
+from recurrent_coreai.util.fsutil import atomic_path, dumps_json, sha256_file, tree_manifest
+from recurrent_coreai.util.progress import progress
+from recurrent_coreai.pipeline.records import read_aot, read_export
+
+TSV_COLUMNS = ("step", "prompt", "pos", "token", "ref_top1", "ref_top2", "engine_top1", "ref_margin",
+               "near_tie", "agree", "max_abs_dlogits", "kl")
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max()
+    return x - np.log(np.exp(x).sum())
+
+
+def compare(ref_logits: np.ndarray, eng_logits: np.ndarray, epsilon: float) -> dict:
+    """Per-step comparison of two logit vectors (float64)."""
+    top2 = np.argsort(ref_logits)[-2:][::-1]
+    margin = float(ref_logits[top2[0]] - ref_logits[top2[1]])
+    eng = int(np.argmax(eng_logits))
+    lp, lq = _log_softmax(ref_logits), _log_softmax(eng_logits)
+    return {"ref_top1": int(top2[0]), "ref_top2": int(top2[1]), "engine_top1": eng, "ref_margin": margin,
+            "near_tie": margin < epsilon, "agree": eng == int(top2[0]),
+            "max_abs_dlogits": float(np.abs(ref_logits - eng_logits).max()),
+            "kl": float(np.sum(np.exp(lp) * (lp - lq)))}
+
+
+def contract_problems(export_record: dict) -> list[str]:
+    """Structural checks the numbers cannot see on this host (the Linux runtime executes
+    several writes to one state correctly; the device GPU delegate keeps only one): every
+    function writes each of its states exactly once per call."""
+    problems = []
+    functions = export_record.get("functions") or {}
+    roles = {f.get("role") for f in functions.values()}
+    for role in (DECODE, PREFILL):
+        if role not in roles:
+            problems.append(f"export.json records no {role} function")
+    for fn, spec in sorted(functions.items()):
+        writes = spec.get("state_writes")
+        if writes is None:
+            problems.append(f"export.json does not record the state writes of function {fn}")
+            continue
+        for name, n in sorted(writes.items()):
+            if n != 1:
+                problems.append(f"state {name} is written {n} times per call of {fn} (must be exactly once, at the end)")
+    return problems
+
+
+def verdict(rows: list[dict], thresholds: dict) -> dict:
+    counted = [r for r in rows if not r["near_tie"]]
+    ties = [r for r in rows if r["near_tie"]]
+    agree = sum(r["agree"] for r in counted)
+    tie_ok = sum(r["engine_top1"] in (r["ref_top1"], r["ref_top2"]) for r in ties)
+    agree_rate = agree / len(counted) if counted else 1.0
+    max_abs = max(r["max_abs_dlogits"] for r in rows)
+    reasons = []
+    if agree_rate < thresholds["min_agree"]:
+        reasons.append(f"top-1 agreement {agree}/{len(counted)} outside near-ties is below {thresholds['min_agree']}")
+    if thresholds["min_agree"] >= 1.0 and tie_ok < len(ties):
+        reasons.append(f"{len(ties) - tie_ok} near-tie step(s) picked neither of the reference's top 2")
+    limit = thresholds.get("max_abs_dlogits")
+    if limit is not None and max_abs > limit:
+        reasons.append(f"max|dlogits| {max_abs:.3g} exceeds {limit:g}")
+    return {
+        "steps": len(rows), "agree": sum(r["agree"] for r in rows), "counted": len(counted),
+        "agree_counted": agree, "agree_rate": agree_rate, "near_ties": len(ties),
+        "near_ties_in_top2": tie_ok, "mismatches": len(counted) - agree,
+        "max_abs_dlogits": max_abs, "mean_kl": float(np.mean([r["kl"] for r in rows])),
+        "pass": not reasons, "reasons": reasons,
+    }
+
+
+def decode_rows(sess, stream: dict, eps: float, start: int = 0, stop: int | None = None) -> list[dict]:
+    """Steps ``start``..``stop`` of the per-prompt streams through the decode function, states
+    reset at each new prompt (``start`` must be a prompt's first step: see :func:`units`)."""
+    rows: list[dict] = []
+    prev_prompt = None
+    stop = len(stream["tokens"]) if stop is None else stop
+    label = f"gate {Path(sess.aimodelx).stem}"  # e.g. gate rwkv7-tiny-fp16
+    for step in progress(range(start, stop), label, stop - start, "steps"):
+        tok, prompt, pos = stream["tokens"][step], stream["prompt"][step], stream["pos"][step]
+        if prompt != prev_prompt:
+            sess.reset()
+            prev_prompt = prompt
+        eng = sess.step(int(tok))
+        row = {"step": step, "prompt": int(prompt), "pos": int(pos), "token": int(tok)}
+        row.update(compare(stream["logits"][step].astype(np.float64), eng, eps))
+        rows.append(row)
+    return rows
+
+
+def state_diffs(engine: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> dict[str, float]:
+    """max|engine - reference| per state (NaN if the engine's state holds a NaN)."""
+    out = {}
+    for name, ref in reference.items():
+        d = np.abs(engine[name].astype(np.float64) - ref.astype(np.float64))
+        out[name] = float("nan") if np.isnan(d).any() else float(d.max())
+    return out
+
+
+def prefill_check(sess: PromptSession, stream: dict, thresholds: dict, eps: float) -> dict:
+    """The reference's continuous prefill stream through prefill (full chunks) and decode (the
+    tail) from zero states; logits compared where the bundle reports them, states after each
+    chunk and at the end. Returns the ``prefill`` section of the gate result (with its rows)."""
+    tokens, T = [int(t) for t in stream["prefill_tokens"]], sess.chunk
+    full = split_prompt(len(tokens), T)[0] * T
+    logit_at = {int(p): i for i, p in enumerate(stream["prefill_logit_pos"])}
+    state_at = {int(n): i for i, n in enumerate(stream["prefill_state_pos"])}
+    sess.reset()
+    rows: list[dict] = []
+
+    def record(function: str, pos: int, eng: np.ndarray) -> None:
+        row = {"step": len(rows), "function": function, "pos": pos, "token": tokens[pos]}
+        row.update(compare(stream["prefill_logits"][logit_at[pos]].astype(np.float64), eng, eps))
+        row["max_abs_dstate"] = None
+        if pos + 1 in state_at:
+            ref = {name[len("prefill_state_"):]: arr[state_at[pos + 1]] for name, arr in stream.items()
+                   if name.startswith("prefill_state_") and name != "prefill_state_pos"}
+            row["max_abs_dstate"] = state_diffs(sess.state_arrays(), ref)
+        rows.append(row)
+
+    for start in range(0, full, T):
+        record(sess.prefill_function, start + T - 1, sess.prefill_chunk(tokens[start:start + T]))
+    for pos in range(full, len(tokens)):
+        record(sess.function, pos, sess.step(tokens[pos]))
+    result = verdict(rows, thresholds)
+    dstates = [(v, name, r["pos"] + 1) for r in rows if r["max_abs_dstate"] for name, v in r["max_abs_dstate"].items()]
+    worst = max(dstates, key=lambda d: (np.isnan(d[0]), d[0]))
+    limit = thresholds.get("prefill_max_abs_dstate")
+    if limit is not None and not worst[0] <= limit:  # NaN fails too
+        result["reasons"].append(f"state {worst[1]} after {worst[2]} tokens differs from the reference's by "
+                                 f"{worst[0]:.3g} > {limit:g}")
+        result["pass"] = False
+    result.update({"function": sess.prefill_function, "decode_function": sess.function, "chunk": T,
+                   "tokens": len(tokens), "chunks": full // T, "tail": len(tokens) - full,
+                   "max_abs_dstate": worst[0], "rows": rows})
+    return result
+
+
+def units(stream: dict) -> list[tuple[int, int] | None]:
+    """The gate's independent pieces of work: each prompt's decode steps ``(start, stop)`` (the
+    states are reset at a prompt's first step) and ``None``, the prefill check (from zero
+    states). Any split over processes gives the same rows as one process running them in order."""
+    prompts = stream["prompt"]
+    firsts = [0] + [i for i in range(1, len(prompts)) if prompts[i] != prompts[i - 1]] + [len(prompts)]
+    return [None] + list(zip(firsts, firsts[1:]))
+
+
+def _run_unit(sess, unit: tuple[int, int] | None, stream: dict, settings: dict) -> dict | list[dict]:
+    eps = settings["near_tie_epsilon"]
+    if unit is None:
+        return prefill_check(sess, stream, settings["thresholds"], eps)
+    return decode_rows(sess, stream, eps, *unit)
+
+
+_WORKER: dict = {}  # in a gate worker process: its session, stream and settings
+
+
+def _worker_init(session_factory, aimodelx: Path, export_record: dict, stream: dict, settings: dict) -> None:
+    try:
+        sess = session_factory(aimodelx, export_record)
+        sess.__enter__()  # the runtime session lives as long as the worker process
+    except Exception as exc:  # noqa: BLE001 - raised from the first unit, so the stage reports it as one process would
+        _WORKER["error"] = exc
+        return
+    _WORKER.update(sess=sess, stream=stream, settings=settings)
+
+
+def _worker_run(unit):
+    if "error" in _WORKER:
+        raise _WORKER["error"]
+    return _run_unit(_WORKER["sess"], unit, _WORKER["stream"], _WORKER["settings"])
+
+
+def workers_granted() -> int:
+    """How many processes the gate may use: the CPUs the scheduler gave this job -- SLURM's
+    ``SLURM_CPUS_PER_TASK``, or Snakemake's ``threads:`` for the job, which it exports as
+    ``OMP_NUM_THREADS`` -- else 1 (``dvc repro``, a stage run by hand). The rule sizes its
+    threads by the model (resources.gate_threads: 1 below 0.5 B parameters)."""
+    import os
+
+    for var in ("SLURM_CPUS_PER_TASK", "OMP_NUM_THREADS"):
+        value = os.environ.get(var, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
+
+
+def run_gate(aimodelx: Path, export_record: dict, stream: dict, settings: dict,
+             session_factory=PromptSession, workers: int = 1) -> tuple[dict, list[dict]]:
+    """Both checks; the verdict also holds the contract and the prefill result. With ``workers``
+    > 1 the :func:`units` run in that many processes, each with its own runtime session (the
+    Linux runtime computes on the calling thread, so this is how the gate uses more cores);
+    the rows are the same. Returns (result, the decode rows for the TSV)."""
+    work = units(stream)
+    workers = max(1, min(workers, len(work)))
+    stage.log.info("gate %s: %d step(s) and the prefill check in %d process(es)", Path(aimodelx).stem,
+                   len(stream["tokens"]), workers)
+    if workers == 1:
+        with session_factory(aimodelx, export_record) as sess:
+            done = [_run_unit(sess, unit, stream, settings) for unit in work]
+    else:
+        import concurrent.futures
+        import multiprocessing
+
+        try:
+            with concurrent.futures.ProcessPoolExecutor(
+                    workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                    initargs=(session_factory, aimodelx, export_record, stream, settings)) as pool:
+                done = list(pool.map(_worker_run, work))
+        except concurrent.futures.process.BrokenProcessPool:
+            raise PipelineError(aimodelx, f"a gate process died (killed by the system, often for memory) while "
+                                f"{workers} ran at once", "give the gate more memory or fewer threads "
+                                "(snakemake --set-threads gate=1) and run again") from None
+    prefill, rows = done[0], [row for part in done[1:] for row in part]
+    result = verdict(rows, settings["thresholds"])
+    reasons = contract_problems(export_record) + result["reasons"] + [f"prefill: {r}" for r in prefill["reasons"]]
+    result.update({"pass": not reasons, "reasons": reasons, "prefill": prefill,
+                   "state_writes": {fn: spec.get("state_writes") for fn, spec in export_record["functions"].items()},
+                   "near_tie_epsilon": settings["near_tie_epsilon"], "thresholds": settings["thresholds"],
+                   "prompts": settings["prompts"]})
+    for key in ("thresholds_why", "steps_why"):  # the model's own settings (config: models/<model>/gate)
+        if key in settings:
+            result[key] = settings[key]
+    return result, rows
+
+
+def check_stream(stream: dict, stream_path: Path, export_record: dict) -> None:
+    """The reference holds a prefill stream made for this bundle's chunk length."""
+    prefill = bundle_functions(export_record).get(PREFILL)
+    if prefill is None:
+        return  # PromptSession refuses such a bundle: rerun the export stage
+    if "prefill_tokens" not in stream:
+        raise PipelineError(stream_path, "holds no prefill stream (made before the prefill gate)",
+                            "rerun the reference stage (snakemake --forcerun reference)")
+    if int(stream["prefill_chunk"]) != prefill["tokens_per_call"]:
+        raise PipelineError(stream_path, f"was made for prefill chunk {int(stream['prefill_chunk'])}, but the bundle's "
+                            f"{prefill['name']} takes {prefill['tokens_per_call']} tokens per call",
+                            "rerun the reference and export stages with the same prefill.chunk")
+
+
+def gate_steps(stream: dict, n_prompts: int, steps: int, stream_path: Path) -> dict:
+    """The stream with the decode steps this gate compares: each prompt's first share of
+    ``steps`` (config.prompt_budgets), taken from the reference's stream of gate/steps steps.
+    A prompt's steps are its tokens, then the reference's greedy continuation, so these are the
+    steps a reference made for ``steps`` would hold. The prefill stream is kept whole."""
+    if steps > len(stream["tokens"]):
+        raise PipelineError(stream_path, f"holds {len(stream['tokens'])} steps, fewer than the {steps} this gate "
+                            "compares", "set the model's gate/steps for this recipe to at most gate/steps, or raise "
+                            "gate/steps (the reference stage then reruns)")
+    keep = []
+    for i, share in enumerate(prompt_budgets(n_prompts, steps)):
+        have = np.flatnonzero(stream["prompt"] == i)
+        if len(have) < share:
+            raise PipelineError(stream_path, f"holds {len(have)} step(s) of prompt {i}, fewer than the gate's share "
+                                f"({share}) of {steps} steps", "rerun the reference stage (snakemake --forcerun reference)")
+        keep.extend(have[:share])
+    return {**stream, **{key: stream[key][keep] for key in ("tokens", "prompt", "pos", "logits")}}
+
+
+def bundle_digest(manifest: dict[str, dict]) -> str:
+    """sha256 over a bundle's file manifest (a directory has no single file hash)."""
+    import hashlib
+
+    return hashlib.sha256(dumps_json(manifest).encode()).hexdigest()
+
+
+def tsv_text(rows: list[dict]) -> str:
+    def fmt(v):
+        return f"{v:.6g}" if isinstance(v, float) else str(int(v) if isinstance(v, (bool, np.bool_)) else v)
+
+    return "\t".join(TSV_COLUMNS) + "\n" + "".join("\t".join(fmt(r[c]) for c in TSV_COLUMNS) + "\n" for r in rows)
+
+
+def write_report(result: dict, rows: list[dict], json_path: Path, tsv_path: Path) -> None:
+    with atomic_path(tsv_path) as tmp:
+        tmp.write_text(tsv_text(rows))
+    with atomic_path(json_path) as tmp:
+        tmp.write_text(dumps_json(result))
+
+
+def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream_path: Path, settings: dict,
+                json_path: Path, tsv_path: Path, workers: int = 1) -> dict:
+    """Gate one recipe's bundle. The result records the sha256 of every file it tested (the
+    ``.aimodel`` and the lowering it ran): publish ships those bytes and no others."""
+    record = read_export(export_dir)
+    lowering = read_aot(aot_dir)  # checks the lowered files against aot.json
+    aimodel = export_dir / record["bundle"]
+    tested = tree_manifest(aimodel)
+    if lowering["from"] != tested:
+        raise PipelineError(aot_dir, f"was lowered from other bytes than {aimodel}",
+                            "rerun the aot stage for the universal target (snakemake --forcerun aot)")
+    aimodelx = aot_dir / lowering["product"]
+    with np.load(stream_path) as npz:
+        stream = {k: npz[k] for k in npz.files}
+    check_stream(stream, stream_path, record)
+    reference_steps = len(stream["tokens"])
+    stream = gate_steps(stream, len(settings["prompts"]), settings["steps"], stream_path)
+    result, rows = run_gate(aimodelx, record, stream, settings, workers=workers)
+    result["reference_steps"] = reference_steps
+    result.update({"model": model, "recipe": recipe, "bundle": record["bundle"], "bundle_sha256": bundle_digest(tested),
+                   "lowered": aimodelx.name, "tested_files": {"aimodel": tested, "lowered": lowering["files"]},
+                   "reference_sha256": sha256_file(stream_path),
+                   "toolchain": toolchain.versions(), "size_bytes": record["size_bytes"]})
+    if not result["pass"]:
+        failed = json_path.with_suffix(".failed.json")
+        write_report(result, rows, failed, tsv_path.with_suffix(".failed.tsv"))
+        raise PipelineError(json_path, f"gate FAILED for {model}/{recipe}: {'; '.join(result['reasons'])}",
+                            f"inspect {failed}; the bundle is not published")
+    for stale in (json_path.with_suffix(".failed.json"), tsv_path.with_suffix(".failed.tsv")):
+        stale.unlink(missing_ok=True)
+    write_report(result, rows, json_path, tsv_path)
+    return result
+
+
+@main_guard
+def main(argv=None) -> int:
+    """The gate stage: ``scripts/gate.py --model M --recipe R --export DIR --aot DIR --reference NPZ
+    --json J --tsv T``; exit 1 (and no declared output) when the bundle fails."""
+    import time
+
+    ns = stage.parser("gate", "model", "recipe", "export", "aot", "reference", "json", "tsv").parse_args(argv)
+    s, _ = stage.setup("gate", ns)
+    t0 = time.perf_counter()
+    res = gate_bundle(ns.model, ns.recipe, Path(ns.export), Path(ns.aot), Path(ns.reference),
+                      gate_settings(s, ns.recipe), Path(ns.json), Path(ns.tsv), workers=workers_granted())
+    seconds = time.perf_counter() - t0
+    pre = res["prefill"]
+    stage.log.info("gate %s/%s PASS: %d/%d top-1 outside %d near-ties, max|dlogits| %.3g, mean KL %.3g; prefill "
+                   "(%d x %d tokens + %d through %s): %d/%d top-1, max|dlogits| %.3g, max|dstate| %.3g; %.1f s, "
+                   "peak RSS %.0f MB", ns.model, ns.recipe, res["agree_counted"], res["counted"], res["near_ties"],
+                   res["max_abs_dlogits"], res["mean_kl"], pre["chunks"], pre["chunk"], pre["tail"],
+                   pre["decode_function"], pre["agree_counted"], pre["counted"], pre["max_abs_dlogits"],
+                   pre["max_abs_dstate"], seconds, stage.rss_mb())

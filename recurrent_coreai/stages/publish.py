@@ -1,0 +1,275 @@
+"""Publishing: stage the exact Hub tree, write a receipt, and upload it in one commit.
+
+Staging ``results/<model>/publish/``::
+
+    README.md
+    aimodel/<bundle>/<bundle>.aimodel/...          per shipped recipe (+ export.json, gate.json)
+    <target>/<bundle>/<bundle>.<target>.aimodelc   per AOT target (universal: <bundle>.aimodelx)
+    <target>/<bundle>/rwkv_vocab.tsv
+    publish.json                                   receipt: files, gate verdicts, what was committed
+                                                   (stays local: it records the commit id)
+
+The upload happens only when the model names a repo, ``publish.push`` is on and a token is
+in the environment (``HF_TOKEN``); otherwise the output says plainly that it only staged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from recurrent_coreai.hub import catalog
+from recurrent_coreai.pipeline import stage
+from recurrent_coreai.util.errors import PipelineError, main_guard
+from recurrent_coreai.util.fsutil import IGNORED, atomic_path, dumps_json, first_difference, sha256_file, tree_manifest
+from recurrent_coreai.pipeline.paths import VOCAB_TSV, published_folders
+from recurrent_coreai.pipeline.records import AOT, load_json, read_aot, read_export, read_manifest
+
+RECEIPT = "publish.json"
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """Hard-link (or copy, across devices) a file or directory tree."""
+    if src.is_dir():
+        shutil.copytree(src, dst, copy_function=_link_file, ignore=shutil.ignore_patterns(*IGNORED))
+    else:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        _link_file(src, dst)
+
+
+def _link_file(src, dst) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def check_gates(gates: list[Path]) -> dict[str, dict]:
+    """The passing gate result of every recipe, keyed by recipe; anything else refuses."""
+    results = {}
+    for path in gates:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            raise PipelineError(path, "no readable gate result",
+                                "run the gate; a bundle without a passing gate is never published") from None
+        recipe = data.get("recipe", Path(path).stem)
+        if data.get("pass") is not True:
+            raise PipelineError(path, f"recipe {recipe} did not pass its gate", "fix the export; failing bundles are not published")
+        if "tested_files" not in data:
+            raise PipelineError(path, f"recipe {recipe}: the gate result records no tested files",
+                                "rerun the gate with this version (snakemake --forcerun gate)")
+        results[recipe] = data
+    return results
+
+
+VERDICT_KEYS = ("pass", "steps", "agree_counted", "counted", "near_ties", "max_abs_dlogits", "mean_kl", "bundle_sha256")
+
+
+def _verify(staged: dict[str, dict], prefix: str, expected: dict[str, dict], origin: Path, what: str, fix: str) -> None:
+    """The staged files below ``prefix`` must be exactly ``expected`` (same names, sha256, sizes);
+    a difference is reported at the file it was staged from (``origin``)."""
+    got = {rel[len(prefix):]: v for rel, v in staged.items() if rel.startswith(prefix)}
+    bad = first_difference(got, expected)
+    if bad:
+        state = "is missing" if bad not in got else ("is not among" if bad not in expected else "differs from")
+        raise PipelineError(origin / bad, f"{state} {what}", fix)
+
+
+def _stage_exports(tmp: Path, exports: list[Path], results: dict[str, dict], gate_file: dict[str, Path]):
+    """Stage ``aimodel/<bundle>/`` per recipe; returns ({recipe: export record}, checks)."""
+    records, checks = {}, []
+    for export_dir in exports:
+        record = read_export(export_dir)
+        recipe, aimodel = record["recipe"], record["bundle"]
+        if recipe not in results:
+            raise PipelineError(export_dir, f"recipe {recipe} has no gate result among the inputs", "run its gate")
+        records[recipe] = record
+        folder = tmp / "aimodel" / bundle_of(record)
+        _link_tree(export_dir / aimodel, folder / aimodel)
+        _link_tree(export_dir / "export.json", folder / "export.json")
+        _link_tree(gate_file[recipe], folder / "gate.json")
+        checks.append((f"aimodel/{bundle_of(record)}/{aimodel}/", results[recipe]["tested_files"]["aimodel"],
+                       export_dir / aimodel, f"the bundle the {recipe} gate tested",
+                       "the bundle changed after its gate: rebuild it (snakemake --forcerun export)"))
+    return records, checks
+
+
+def _stage_aots(tmp: Path, aots: list[Path], vocab: Path, results: dict[str, dict], records: dict[str, dict]):
+    """Stage ``<target>/<bundle>/`` per AOT output; returns ({folder: recipe}, checks)."""
+    folders, checks = {}, []
+    vocab_entry = {"sha256": sha256_file(vocab), "size": vocab.stat().st_size}
+    for aot_dir in aots:
+        rec = read_aot(aot_dir)  # checks the files against aot.json
+        recipe, target = rec["recipe"], rec["target"]
+        gated = results.get(recipe)
+        if recipe not in records or gated is None:
+            raise PipelineError(aot_dir, f"AOT output of recipe {recipe}, which is not published here", "check the inputs")
+        if rec["from"] != gated["tested_files"]["aimodel"]:
+            raise PipelineError(aot_dir, f"was built from other bytes than the bundle the {recipe} gate tested",
+                                "rerun the aot stage: snakemake --forcerun aot")
+        if rec["product"] == gated["lowered"] and rec["files"] != gated["tested_files"]["lowered"]:
+            raise PipelineError(aot_dir, f"is not the lowering the {recipe} gate ran",
+                                "rerun the gate: snakemake --forcerun gate")
+        rel = f"{target}/{bundle_of(records[recipe])}"
+        for product in sorted(p for p in aot_dir.iterdir() if p.name not in IGNORED and p.name != AOT):
+            _link_tree(product, tmp / rel / product.name)
+        _link_tree(vocab, tmp / rel / VOCAB_TSV)
+        folders[rel] = recipe
+        checks.append((f"{rel}/", {**rec["files"], VOCAB_TSV: vocab_entry}, aot_dir,
+                       f"the {target} build of the gated bundle",
+                       "the AOT output changed after it was built: snakemake --forcerun aot"))
+    return folders, checks
+
+
+def bundle_of(export_record: dict) -> str:
+    return export_record["bundle"].removesuffix(".aimodel")
+
+
+def stage_tree(out: Path, card: Path, vocab: Path, exports: list[Path], aots: list[Path], gates: list[Path],
+               meta: dict, source_manifest: dict, folders_expected: list[str]) -> dict:
+    """Build the staging tree atomically; returns the receipt (without push results).
+
+    Every staged bundle file must be a byte the gate tested (or, for a device target, built from
+    exactly the tested bundle): a bundle changed after its gate is refused, never shipped. Only
+    then does each bundle folder get its provenance statement and, with a key, its signature."""
+    from recurrent_coreai.hub import provenance
+    from recurrent_coreai.hub import signing
+
+    results = check_gates(gates)
+    with atomic_path(out, directory=True) as tmp:
+        _link_tree(card, tmp / "README.md")
+        records, checks = _stage_exports(tmp, exports, results, dict(zip(results, gates)))
+        folders, aot_checks = _stage_aots(tmp, aots, vocab, results, records)
+        staged = tree_manifest(tmp)
+        for check in checks + aot_checks:
+            _verify(staged, *check)
+        folders |= {f"aimodel/{bundle_of(rec)}": r for r, rec in records.items()}
+        if sorted(folders) != folders_expected:
+            raise PipelineError(out, f"would stage the bundle folders {sorted(folders)}, but the config names "
+                                f"{folders_expected} (dir, shipped, recipes, targets)",
+                                "rebuild the bundles under the configured names: snakemake --forcerun export")
+        targets = sorted({rel.split("/")[0] for rel in folders} - {"aimodel"})
+        attested = {rel: provenance.attest(tmp, rel, export_record=records[r], gate=results[r],
+                                           source_manifest=source_manifest,
+                                           targets=targets if rel.startswith("aimodel/") else [rel.split("/")[0]])
+                    for rel, r in sorted(folders.items())}
+        signed = signing.sign_staged(tmp, sorted(folders))
+        files = tree_manifest(tmp)
+        receipt = {**meta, "gates": {r: {k: g[k] for k in VERDICT_KEYS} for r, g in results.items()},
+                   "provenance": attested, "signing": signed, "files": files}
+        if not meta["push"]["pushed"]:  # without a push there is no remote to compare against
+            receipt["push"] = {**meta["push"], "would_commit": sorted(files)}
+        (tmp / RECEIPT).write_text(dumps_json(receipt))
+    return receipt
+
+
+def token_from_env() -> str | None:
+    return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
+
+
+def remote_head(repo: str, token: str) -> str | None:
+    """The commit ``main`` points at now, or None if the repo does not exist yet."""
+    from huggingface_hub import HfApi
+    from huggingface_hub import errors as hf_errors
+
+    from recurrent_coreai.hub import upload as hub_upload
+
+    failure = None
+    try:
+        return HfApi(token=token).repo_info(repo, repo_type="model", revision="main").sha
+    except (hf_errors.RepositoryNotFoundError, hf_errors.RevisionNotFoundError):
+        return None
+    except Exception as exc:  # noqa: BLE001
+        failure = hub_upload._describe(exc, "main")  # noqa: SLF001
+    raise hub_upload._error(f"hf://{repo}", f"cannot read the repo's head: {failure[0]}", failure[1], token)  # noqa: SLF001
+
+
+def remote_card(repo: str, token: str, revision: str | None = None) -> str | None:
+    """The README.md published at ``revision`` (a maintainer may have edited it), or None."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub import errors as hf_errors
+
+    from recurrent_coreai.hub import upload as hub_upload
+
+    failure = None
+    try:
+        return Path(hf_hub_download(repo, "README.md", token=token, revision=revision)).read_text(encoding="utf-8")
+    except (hf_errors.RemoteEntryNotFoundError, hf_errors.RepositoryNotFoundError, hf_errors.RevisionNotFoundError):
+        return None  # nothing published yet
+    except Exception as exc:  # noqa: BLE001 - never overwrite maintainer edits blindly
+        failure = hub_upload._describe(exc, "main")  # noqa: SLF001
+    raise hub_upload._error(f"hf://{repo}", f"cannot read the published README.md to merge into: {failure[0]}",  # noqa: SLF001
+                            failure[1], token)
+
+
+def push(out: Path, receipt: dict, repo: str, message: str, token: str) -> dict:
+    """Upload the staging tree (the receipt stays local: it records the commit) in ONE commit.
+    The published card's maintainer edits are kept: only its managed blocks are rewritten."""
+    import tempfile
+
+    from recurrent_coreai.hub import signing
+    from recurrent_coreai.stages.card import merge
+    from recurrent_coreai.hub.upload import upload_tree
+
+    with tempfile.TemporaryDirectory(prefix=".upload.", dir=out.parent) as tmp:
+        view = Path(tmp)
+        for rel in receipt["files"]:
+            if rel != "README.md":
+                _link_tree(out / rel, view / rel)
+        card = (out / "README.md").read_text(encoding="utf-8")
+        head = remote_head(repo, token)  # merge into the card at this commit, and commit on top of it
+        existing = remote_card(repo, token, head) if head else None
+        (view / "README.md").write_text(merge(existing, card), encoding="utf-8")
+        staged = {rel: v for rel, v in tree_manifest(view).items() if rel != "README.md"}
+        bad = first_difference(staged, {rel: v for rel, v in receipt["files"].items() if rel != "README.md"})
+        if bad:  # the staged bundle must still be the gated bytes at the moment of upload
+            raise PipelineError(out / bad, "changed after it was staged and checked against its gate",
+                                "stage again (snakemake --forcerun stage_and_push); nothing was uploaded")
+        signing.verify_before_upload(view, receipt.get("signing", {}))
+        result = upload_tree(repo, view, message=message, token=token, parent=head)
+    receipt = {**receipt, "push": {"pushed": True, **result}}
+    with atomic_path(out / RECEIPT) as tmp_receipt:
+        tmp_receipt.write_text(dumps_json(receipt))
+    return receipt
+
+
+def decide(publish_cfg: dict) -> tuple[bool, str]:
+    if not publish_cfg.get("repo"):
+        return False, "staging only: no publish.repo configured for this model"
+    if not publish_cfg.get("push"):
+        return False, f"staging only: publish.push is off (would publish to {publish_cfg['repo']})"
+    if not token_from_env():
+        return False, f"staging only: no HF_TOKEN in the environment (would publish to {publish_cfg['repo']})"
+    return True, f"publishing to {publish_cfg['repo']}"
+
+
+@main_guard
+def main(argv=None) -> int:
+    """The publish stage (rule ``stage_and_push``): stage the Hub tree, check it, push when enabled."""
+    os.environ.setdefault("HF_HUB_DISABLE_XET", "1")  # read by huggingface_hub at import time
+    ns = stage.parser("publish", "model", "source", "card", "vocab", "toolchain", "out",
+                      lists=("exports", "gates", "aots")).parse_args(argv)
+    s, _ = stage.setup("stage_and_push", ns)
+    m = s["models"][ns.model]
+    manifest = read_manifest(Path(ns.source))
+    versions = load_json(Path(ns.toolchain))["versions"]
+    do_push, why = decide(m["publish"])
+    message = (f"{m['dir']}: Core AI bundles ({', '.join(m['recipes'])}) from {manifest['source']['uri']}"
+               f"@{manifest['source']['revision'] or 'local'}; coreai-core {versions['coreai-core']}, "
+               f"coreai-torch {versions['coreai-torch']}, torch {versions['torch']}")
+    meta = {"model": ns.model, "repo": m["publish"]["repo"], "source": manifest["source"],
+            "toolchain": versions, "commit_message": message, "push": {"pushed": False, "reason": why}}
+    receipt = stage_tree(Path(ns.out), Path(ns.card), Path(ns.vocab), ns.exports, ns.aots, ns.gates, meta, manifest,
+                         published_folders(m, m["targets"]))
+    stage.log.info("%s: %s", ns.model, receipt["signing"]["reason"])
+    if do_push:
+        receipt = push(Path(ns.out), receipt, m["publish"]["repo"], message, token_from_env())
+        pushed = receipt["push"]
+        stage.log.info("published %s to %s: commit %s (%d files committed, %d already identical)", ns.model,
+                       pushed["repo"], pushed["commit"], len(pushed["committed"]), len(pushed["skipped"]))
+        catalog.write_entries(Path(ns.out))  # coreai-catalog entries beside the receipt (only after a commit)
+    else:
+        stage.log.info("%s: %s; staged %d files in %s", ns.model, why, len(receipt["files"]), ns.out)

@@ -1,0 +1,125 @@
+"""The reference stage: the gate's teacher-forced token streams and the fp32 reference's outputs.
+
+1. Per prompt: token 0, then ``User: {prompt}\n\nAssistant:``, extended by the fp32
+   reference's greedy continuation up to the prompt's share of ``gate.steps``; the reference
+   logits at every step (keys ``tokens``, ``prompt``, ``pos``, ``logits``).
+2. The prefill stream (keys ``prefill_*``): those per-prompt streams back to back, repeated up to
+   ``prefill.gate_tokens`` tokens (default 2*chunk+5, so two full chunks and a tail), fed to the
+   reference continuously (no reset). Stored: the logits at every position where the bundle
+   reports some (each full chunk's last token, every tail token) and the reference's states, in
+   the bundle's layout, after each full chunk and at the end. The per-prompt streams are shorter
+   than a chunk; this one makes the gate actually run ``prefill``.
+
+Computed once per model; every recipe's gate feeds the SAME streams to the Core AI runtime.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from recurrent_coreai.pipeline import stage
+from recurrent_coreai.families.rwkv7.checkpoint import load_checkpoint
+from recurrent_coreai.families.rwkv7.chunked import split_prompt
+from recurrent_coreai.pipeline.config import origin, prompt_budgets
+from recurrent_coreai.util.errors import PipelineError, main_guard
+from recurrent_coreai.util.fsutil import atomic_path
+from recurrent_coreai.coreai.entrypoints import STATE_NAMES
+from recurrent_coreai.families.rwkv7.reference import Reference, State
+from recurrent_coreai.tokenizers.trie import TrieTokenizer
+from recurrent_coreai.tokenizers.world import read_tsv
+
+CHAT = "User: {prompt}\n\nAssistant:"
+EOS = 0
+
+
+def prefill_length(prefill: dict, config_file: str = "config.yaml") -> int:
+    """Tokens in the gate's prefill stream: ``prefill.gate_tokens``, by default 2*chunk+5."""
+    chunk = prefill["chunk"]
+    n = prefill.get("gate_tokens", 2 * chunk + 5)
+    if n < chunk + 1:
+        raise PipelineError(config_file, f"prefill.gate_tokens {n} is shorter than chunk + 1 ({chunk + 1}): the gate "
+                            "would not run a full chunk and a tail", "raise prefill.gate_tokens or leave it out "
+                            "(default 2*chunk+5)")
+    return n
+
+
+def bundle_states(state: State) -> dict[str, np.ndarray]:
+    """A reference state in the bundle's layout: recState [L,1,H,K,V], shiftState [L,1,2,C]."""
+    arrays = {"recState": state.wkv[:, None], "shiftState": torch.stack([state.att_shift, state.ffn_shift], 1)[:, None]}
+    assert set(arrays) == set(STATE_NAMES)
+    return {name: arrays[name].numpy().astype(np.float32) for name in STATE_NAMES}
+
+
+def prefill_stream(ref: Reference, tokens: np.ndarray, chunk: int, n: int) -> dict:
+    """``tokens`` repeated to ``n``, fed to ``ref`` from zero states without a reset; the logits at
+    each full chunk's last position and at every tail position, the states after each full chunk
+    and at the end. Arrays for ``np.savez`` (keys ``prefill_*``)."""
+    stream = np.resize(np.asarray(tokens, np.int64), n)
+    full = split_prompt(n, chunk)[0] * chunk
+    state = ref.zero_state()
+    logit_pos, logits, state_pos, states = [], [], [], {name: [] for name in STATE_NAMES}
+    for p, tok in enumerate(stream):
+        out = ref.step(int(tok), state)
+        chunk_end = p + 1 <= full and (p + 1) % chunk == 0
+        if chunk_end or p >= full:
+            logit_pos.append(p)
+            logits.append(out.numpy().astype(np.float32))
+        if chunk_end or p + 1 == n:
+            state_pos.append(p + 1)
+            for name, arr in bundle_states(state).items():
+                states[name].append(arr)
+    out = {"prefill_tokens": stream, "prefill_chunk": np.array(chunk, np.int64),
+           "prefill_logit_pos": np.array(logit_pos, np.int64), "prefill_logits": np.stack(logits),
+           "prefill_state_pos": np.array(state_pos, np.int64)}
+    out.update({f"prefill_state_{name}": np.stack(v) for name, v in states.items()})
+    return out
+
+
+def reference_stream(source_dir: Path, vocab: dict[int, bytes], prompts: list[str], steps: int,
+                     config_file: str = "config.yaml", prefill: dict | None = None) -> dict:
+    """Token streams and fp32 reference outputs; arrays for ``np.savez``. ``prefill``: the config's
+    ``prefill`` section (chunk, gate_tokens), for the prefill stream."""
+    geom, weights = load_checkpoint(source_dir)
+    ref = Reference(weights, geom, torch.float32)
+    tok = TrieTokenizer(vocab)
+    tokens, prompt_idx, positions, logits = [], [], [], []
+    for i, (prompt, budget) in enumerate(zip(prompts, prompt_budgets(len(prompts), steps))):
+        stream = [EOS] + tok.encode(CHAT.format(prompt=prompt))
+        if len(stream) > budget:
+            raise PipelineError(config_file, f"prompt {i} is {len(stream)} tokens, more than its share "
+                                f"({budget}) of gate.steps={steps}", "raise gate.steps or shorten the prompt")
+        state = ref.zero_state()
+        for pos in range(budget):
+            out = ref.step(stream[pos], state)
+            logits.append(out.numpy().astype(np.float32))
+            tokens.append(stream[pos]); prompt_idx.append(i); positions.append(pos)
+            if pos + 1 == len(stream) and len(stream) < budget:
+                stream.append(int(torch.argmax(out)))  # reference greedy continuation
+    out = {"tokens": np.array(tokens, np.int64), "prompt": np.array(prompt_idx, np.int64),
+           "pos": np.array(positions, np.int64), "logits": np.stack(logits)}
+    if prefill is not None:
+        out.update(prefill_stream(ref, out["tokens"], prefill["chunk"], prefill_length(prefill, config_file)))
+    return out
+
+
+@main_guard
+def main(argv=None) -> int:
+    """``scripts/reference.py --model M --source DIR --vocab TSV --out stream.npz``."""
+    ns = stage.parser("reference", "model", "source", "vocab", "out").parse_args(argv)
+    s, cfg = stage.setup("reference", ns)
+    t0 = time.perf_counter()
+    stream = reference_stream(Path(ns.source), read_tsv(Path(ns.vocab)), s["gate"]["prompts"], s["gate"]["steps"],
+                              origin(cfg), s["prefill"])
+    with atomic_path(ns.out) as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **stream)
+    top2 = np.sort(stream["logits"], axis=1)[:, -2:]
+    margins = top2[:, 1] - top2[:, 0]
+    stage.log.info("reference %s: %d steps + a %d-token prefill stream (chunk %d) in %.1f s; logit max %.2f; "
+                   "top-2 margin median %.3f, min %.3f", ns.model, len(stream["tokens"]), len(stream["prefill_tokens"]),
+                   int(stream["prefill_chunk"]), time.perf_counter() - t0, float(stream["logits"].max()),
+                   float(np.median(margins)), float(margins.min()))

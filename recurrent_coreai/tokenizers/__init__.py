@@ -1,0 +1,1 @@
+"""tokenizers: see docs/architecture.md."""

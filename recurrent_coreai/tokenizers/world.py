@@ -1,0 +1,216 @@
+"""The World vocabulary: find it in its pinned PyPI package, verify it, bake the device TSV.
+
+Original format (``rwkv_vocab_v20230424.txt``): ``<id> <python str/bytes literal> <byte length>``.
+Baked format (``rwkv_vocab.tsv``): ``<id>\\t<base64(bytes)>\\n``, ids ascending.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import binascii
+import importlib.metadata
+import itertools
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.util.fsutil import atomic_path, sha256_file
+from recurrent_coreai.tokenizers.trie import TrieTokenizer
+
+VOCAB_FILE = "rwkv_vocab_v20230424.txt"  # the World vocab file as checkpoints (and the pinned package) name it
+
+WORLD_VOCAB_SIZE = 65529
+
+# Strings the bake must round-trip through both tokenizers: scripts, astral-plane emoji,
+# NUL and other control bytes, CRLF, long whitespace runs and bytes that are not UTF-8.
+CHECK_CORPUS: tuple[bytes, ...] = tuple(s if isinstance(s, bytes) else s.encode("utf-8") for s in (
+    "User: hi\n\nAssistant:",
+    "The quick brown fox jumps over the lazy dog.",
+    "日本語のテキストと中文文本，한국어 텍스트도 있습니다。",
+    "Emoji: 😀🦢🏳️‍🌈👩🏽‍💻 and 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𐍈",
+    "NUL\x00inside\x00\x00and\x01\x02\x1f control",
+    "line one\r\nline two\r\n\r\n",
+    " " * 300 + "\t" * 40 + "\n" * 17,
+    "def f(x):\n    return {'a': [1, 2, 3]}  # code\n",
+    "Ελληνικά, русский, العربية, עברית, हिन्दी",
+    b"\xff\xfe invalid \x80\x81 utf-8 \xc3 \xed\xa0\x80 end",
+    bytes(range(256)),
+))
+
+
+# --- the original vocab file, from its pinned package ------------------------------------
+def package_vocab(package: str, version: str, filename: str, sha256: str) -> Path:
+    """Path of the vocab file inside the installed, pinned package, verified by sha256."""
+    try:
+        dist = importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        raise PipelineError(f"package {package}", "is not installed",
+                            f"pip install {package}=={version} (or run `make setup`)") from None
+    if dist.version != version:
+        raise PipelineError(f"package {package}", f"version {dist.version} is installed, config pins {version}",
+                            f"pip install {package}=={version}")
+    matches = [f for f in (dist.files or []) if Path(str(f)).name == filename]
+    if not matches:
+        raise PipelineError(f"package {package}=={version}", f"has no file {filename}",
+                            "fix vocab.file in config.yaml")
+    path = Path(dist.locate_file(matches[0]))
+    check_sha256(path, sha256)
+    return path
+
+
+def check_sha256(path: Path, sha256: str) -> None:
+    if not path.is_file():
+        raise PipelineError(path, "vocab file is missing", "reinstall the vocab package (make setup)")
+    got = sha256_file(path)
+    if got != sha256:
+        raise PipelineError(path, f"sha256 is {got}, expected {sha256}",
+                            "reinstall the pinned vocab package or fix vocab.sha256 in config.yaml")
+
+
+VOCAB_FIX = "use the original rwkv_vocab_v20230424.txt (this copy is damaged)"
+
+
+def _vocab_line(where: str, data: bytes) -> tuple[int, bytes] | None:
+    """(token id, token bytes) of one line of the original format (None for a blank line); a
+    malformed line is a PipelineError naming ``where`` (file:line) and what is wrong with it."""
+    try:
+        line = data.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        raise PipelineError(where, f"is not UTF-8 (byte {exc.start} of the line is {data[exc.start]:#04x})",
+                            VOCAB_FIX) from None
+    if not line:
+        return None
+    first, last = line.find(" "), line.rfind(" ")
+    if first <= 0 or first == last:
+        raise PipelineError(where, f"is not '<id> <literal> <byte length>': {line[:60]!r}", VOCAB_FIX)
+    sid, text, slen = line[:first], line[first + 1:last], line[last + 1:]
+    if not sid.isdecimal():
+        raise PipelineError(where, f"token id {sid[:20]!r} is not a number", VOCAB_FIX)
+    try:
+        literal = ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
+        why = exc.msg if isinstance(exc, SyntaxError) else f"{type(exc).__name__}: {exc}"
+        raise PipelineError(where, f"token {sid}: {text[:60]} is not a Python str/bytes literal ({why})",
+                            VOCAB_FIX) from None
+    if not isinstance(literal, (str, bytes)):
+        raise PipelineError(where, f"token {sid}: {text[:60]} is not a str/bytes literal ({type(literal).__name__})",
+                            VOCAB_FIX)
+    raw = literal.encode("utf-8") if isinstance(literal, str) else literal
+    if not slen.isdecimal() or len(raw) != int(slen):
+        raise PipelineError(where, f"token {sid}: {text[:60]} is {len(raw)} bytes, the line says {slen[:20]!r}",
+                            VOCAB_FIX)
+    return int(sid), raw
+
+
+def _vocab_lines(path: Path) -> Iterator[tuple[int, int, bytes]]:
+    """(line number, token id, token bytes) of every entry of a vocab file."""
+    with open(path, "rb") as fh:
+        for lineno, data in enumerate(fh, 1):
+            entry = _vocab_line(f"{path}:{lineno}", data)
+            if entry is not None:
+                yield lineno, *entry
+
+
+def parse_world_vocab(path: Path) -> dict[int, bytes]:
+    vocab: dict[int, bytes] = {}
+    first_line: dict[int, int] = {}
+    for lineno, token_id, raw in _vocab_lines(path):
+        if token_id in vocab:
+            raise PipelineError(f"{path}:{lineno}", f"token id {token_id} repeats line {first_line[token_id]}",
+                                VOCAB_FIX)
+        vocab[token_id], first_line[token_id] = raw, lineno
+    return vocab
+
+
+def check_checkpoint_vocab(shipped: Path, pinned: Path) -> None:
+    """A checkpoint's own vocab file must hold the World vocab of (sha256-verified) ``pinned``,
+    line by line; other line ends are fine. Only lines whose bytes differ are parsed: a damaged
+    line is named by its number and what is malformed, another tokenizer by its first token."""
+    if sha256_file(shipped) == sha256_file(pinned):
+        return
+    with open(shipped, "rb") as theirs_fh, open(pinned, "rb") as ours_fh:
+        for lineno, (data, world) in enumerate(itertools.zip_longest(theirs_fh, ours_fh, fillvalue=b""), 1):
+            if data.rstrip(b"\r\n") == world.rstrip(b"\r\n"):
+                continue
+            where = f"{shipped}:{lineno}"
+            theirs, ours = _vocab_line(where, data), _vocab_line(f"{pinned}:{lineno}", world)
+            if theirs == ours:
+                continue  # the same token written another way
+            if theirs is None:
+                raise PipelineError(where, f"ends where the World vocab has token {ours[0]}", VOCAB_FIX)
+            if ours is None:
+                what = f"token {theirs[0]} is beyond the World vocab's {WORLD_VOCAB_SIZE} tokens"
+            elif theirs[0] == ours[0]:
+                what = f"token {theirs[0]} is {theirs[1]!r}, World has {ours[1]!r}"
+            else:
+                what = f"holds token {theirs[0]} where the World vocab has token {ours[0]}"
+            raise PipelineError(where, f"{what}: not the World vocab",
+                                "this model does not use the RWKV World tokenizer; it is not supported")
+
+
+# --- the baked TSV -------------------------------------------------------------------------
+def tsv_text(vocab: Mapping[int, bytes]) -> str:
+    return "".join(f"{i}\t{base64.b64encode(vocab[i]).decode('ascii')}\n" for i in sorted(vocab))
+
+
+def read_tsv(path: Path) -> dict[int, bytes]:
+    vocab: dict[int, bytes] = {}
+    data = path.read_bytes()
+    if b"\r" in data:
+        raise PipelineError(path, "contains CR characters", "the TSV must use LF line ends; re-bake it")
+    last = 0
+    for lineno, line in enumerate(data.decode("ascii").split("\n")[:-1], 1):
+        try:
+            sid, b64 = line.split("\t")
+            token_id = int(sid)
+            vocab[token_id] = base64.b64decode(b64, validate=True)
+        except (ValueError, binascii.Error) as exc:
+            raise PipelineError(f"{path}:{lineno}", f"bad line ({exc})", "re-bake the TSV") from None
+        if token_id <= last:
+            raise PipelineError(f"{path}:{lineno}", f"id {token_id} is not ascending", "re-bake the TSV")
+        last = token_id
+    return vocab
+
+
+def verify_bake(original: Mapping[int, bytes], tsv_path: Path, corpus=CHECK_CORPUS,
+                official=None) -> dict:
+    """Check (a) every TSV entry decodes to its exact original bytes and (b) a trie tokenizer
+    over the TSV encodes the corpus like the one over the original file (and like the official
+    tokenizer, when given) and decodes back byte-exactly. Returns counts for the log."""
+    baked = read_tsv(tsv_path)
+    if len(baked) != len(original) or sorted(baked) != sorted(original):
+        raise PipelineError(tsv_path, f"has {len(baked)} entries, the original has {len(original)}", "re-bake the TSV")
+    for token_id, raw in original.items():
+        if baked[token_id] != raw:
+            raise PipelineError(tsv_path, f"token {token_id} decodes to {baked[token_id]!r}, expected {raw!r}",
+                                "re-bake the TSV")
+    ours, theirs = TrieTokenizer(baked), TrieTokenizer(original)
+    checked_official = 0
+    for text in corpus:
+        ids = ours.encode(text)
+        if ids != theirs.encode(text):
+            raise PipelineError(tsv_path, f"encodes {text[:40]!r} differently from the original vocab", "re-bake the TSV")
+        if ours.decode(ids) != text:
+            raise PipelineError(tsv_path, f"does not round-trip {text[:40]!r}", "re-bake the TSV")
+        if official is not None:
+            try:
+                as_str = text.decode("utf-8")
+            except UnicodeDecodeError:
+                continue  # the official tokenizers take str only
+            if official.encode(as_str) != ids:
+                raise PipelineError(tsv_path, f"encodes {text[:40]!r} differently from the official tokenizer",
+                                    "re-bake the TSV")
+            checked_official += 1
+    return {"entries": len(baked), "corpus": len(corpus), "checked_official": checked_official}
+
+
+def bake(original_path: Path, out: Path, official=None) -> dict:
+    original = parse_world_vocab(original_path)
+    if len(original) != WORLD_VOCAB_SIZE:
+        raise PipelineError(original_path, f"has {len(original)} tokens, expected {WORLD_VOCAB_SIZE}",
+                            "use the World vocab rwkv_vocab_v20230424.txt")
+    with atomic_path(out) as tmp:
+        tmp.write_bytes(tsv_text(original).encode("ascii"))
+        report = verify_bake(original, tmp, official=official)
+    return report

@@ -1,0 +1,147 @@
+"""Atomic outputs and content hashes.
+
+Every stage writes into a temporary sibling and renames it into place at the
+end, so an interrupted or failing stage never leaves output that looks complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import glob
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.util.progress import Progress
+
+CHUNK = 1 << 20
+# bookkeeping files that tools drop into directory outputs; never part of an artifact
+IGNORED = frozenset({".snakemake_timestamp", ".gitignore"})
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh, Progress(f"hashing {Path(path).name}", os.fstat(fh.fileno()).st_size, "B") as bar:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            digest.update(chunk)
+            bar.update(len(chunk))
+    return digest.hexdigest()
+
+
+def git_blob_sha1(path: str | Path) -> str:
+    """The git object id of a file (what the Hub lists as ``oid`` for non-LFS files)."""
+    size = os.path.getsize(path)
+    digest = hashlib.sha1(f"blob {size}\0".encode())
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def tree_files(root: str | Path) -> list[Path]:
+    """Every regular file below ``root``, as sorted relative paths."""
+    root = Path(root)
+    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file() and p.name not in IGNORED)
+
+
+def tree_manifest(root: str | Path) -> dict[str, dict]:
+    """``{relpath: {sha256, size}}`` for every file below ``root``."""
+    root = Path(root)
+    return {
+        rel.as_posix(): {"sha256": sha256_file(root / rel), "size": (root / rel).stat().st_size}
+        for rel in tree_files(root)
+    }
+
+
+def first_difference(got: dict[str, dict], expected: dict[str, dict]) -> str | None:
+    """The first relative path (sorted) whose entry differs between two manifests, or None."""
+    bad = sorted(rel for rel in set(got) | set(expected) if got.get(rel) != expected.get(rel))
+    return bad[0] if bad else None
+
+
+def dumps_json(value: object) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+class DiskFullError(PipelineError):
+    """A full disk met while writing ``where`` through :func:`atomic_path`; ``written`` bytes had been
+    written to its temporary (now removed). An enclosing ``atomic_path`` reports it under its own name."""
+
+    def __init__(self, where: Path, written: int):
+        self.written = written
+        free = shutil.disk_usage(where.parent).free
+        super().__init__(where, f"no space left on device: {written / 1e6:.1f} MB written before the disk filled, "
+                         f"{free / 1e6:.1f} MB free there", "free more than that much disk (or point results: at a "
+                         "larger disk) and run again; nothing was written")
+
+
+def disk_full(exc: BaseException) -> bool:
+    """An ENOSPC/EDQUOT, also when a writer (safetensors, coreai) reports it inside its own error."""
+    if isinstance(exc, DiskFullError) or (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)):
+        return True
+    return any(os.strerror(code) in str(exc) for code in (errno.ENOSPC, errno.EDQUOT))
+
+
+def remove_stale_temps(final: Path) -> list[Path]:
+    """Temporaries of ``final`` left by a killed run (SIGKILL skips every cleanup)."""
+    stale = sorted(final.parent.glob(f".{glob.escape(final.name)}.*.tmp"))
+    for path in stale:
+        _remove(path)
+    return stale
+
+
+@contextlib.contextmanager
+def atomic_path(final: str | Path, *, directory: bool = False) -> Iterator[Path]:
+    """Yield a temporary path beside ``final``; rename it onto ``final`` on success.
+
+    On an exception the temporary is removed and ``final`` is left untouched. Temporaries of
+    the same output left by a killed run are removed first. ``final`` is replaced only by the
+    same kind of thing (a directory by a directory, a file by a file), never through a link.
+    """
+    final = Path(final)
+    if final.is_symlink() or (final.exists() and final.is_dir() != directory):
+        kind = "a link" if final.is_symlink() else ("a directory" if final.is_dir() else "a file")
+        raise PipelineError(final, f"is {kind} where this stage writes {'a directory' if directory else 'a file'}",
+                            "move it away (nothing here replaces it) and run again")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(final)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    target = tmp / final.name
+    if directory:
+        target.mkdir()
+    try:
+        yield target
+        _remove(final)
+        os.replace(target, final)
+    except Exception as exc:  # noqa: BLE001 - writers (safetensors, coreai) wrap the OSError in their own types
+        if not disk_full(exc):
+            raise
+        written = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
+        # a nested atomic_path (a file written inside this directory) already removed its temporary
+        written += exc.written if isinstance(exc, DiskFullError) else 0
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DiskFullError(final, written) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8", newline="\n")
+
+
+def write_json_atomic(path: str | Path, value: object) -> None:
+    write_text_atomic(path, dumps_json(value))
