@@ -1,0 +1,141 @@
+"""families/rwkv6: RWKV-6 (x060, "Finch") behind the Family seam.
+
+Layouts: the normal form is ``hf``, the tensor names of ``RWKV/v6-Finch-*-HF`` (transformers
+remote code ``modeling_rwkv6.py``, ``model_type: rwkv6``, ``Rwkv6ForCausalLM``: ``rwkv.embeddings``,
+``rwkv.blocks.<i>.attention.*``, ``rwkv.blocks.<i>.feed_forward.*``, ``rwkv.ln_out``, ``head``) with
+its config.json keys (hidden_size, num_hidden_layers, head_size, head_size_divisor,
+intermediate_size, layer_norm_epsilon, vocab_size, attention_hidden_size). Chosen over fla's
+``fla-hub/rwkv6-*`` naming because it is a pure RENAME of BlinkDL's x060 tensors (same shapes, same
+orientation, the same ddlerp/decay LoRA matrices ``time_maa_w1/w2``, ``time_decay_w1/w2``), so
+both accepted layouts normalise tensor by tensor, byte-identically and streamable, and the
+reference reads like BlinkDL's code; fla's RWKV-6 re-factors the LoRAs into its own ``LoRA``
+modules (with biases and another split of the five mixers) and makes the key width a config
+option (``expand_k``), a conversion with more places to go wrong and not needed for Finch weights.
+The second layout is ``blinkdl`` (the ``.pth`` BlinkDL publishes; no config.json: geometry from
+tensor shapes, LoRA widths included).
+
+Modules: :mod:`.geometry` (Geometry, normal shapes, config.json), :mod:`.layouts` (detection,
+normalisation, writing), :mod:`.synthetic`, :mod:`.reference` (the oracle), :mod:`.chunked`
+(the prefill's exact chunk form), :mod:`.export_modules` (decode and prefill modules).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Iterable, Iterator, Mapping
+
+from recurrent_coreai.families.base import EachLinear, Family, StateSpec
+from recurrent_coreai.families.rwkv6 import geometry as _geometry
+from recurrent_coreai.families.rwkv6 import layouts as _layouts
+from recurrent_coreai.families.rwkv6.geometry import Geometry
+
+_LINEAR = r"rwkv\.blocks\.\d+\."
+
+
+class Rwkv6Family(Family):
+    name: ClassVar[str] = "rwkv6"
+    display_name: ClassVar[str] = "RWKV-6 (x060, Finch)"
+    catalog_family: ClassVar[str] = "RWKV"
+    tokenizer: ClassVar[str] = "world"
+    layouts: ClassVar[tuple[str, ...]] = _layouts.LAYOUTS                 # ("hf", "blinkdl"); hf = normal form
+    synthetic_layouts: ClassVar[tuple[str, ...]] = _layouts.LAYOUTS
+    hf_model_types: ClassVar[tuple[str, ...]] = (_geometry.HF_MODEL_TYPE,)
+    roles: ClassVar[dict[str, str]] = {
+        "lm_head": r"head",
+        "mlp": _LINEAR + r"feed_forward\.(key|value|receptance)",
+        "mixer_output": _LINEAR + r"attention\.output",
+        "state_inputs": _LINEAR + r"attention\.(receptance|key|value|gate|maa_w1|maa_w2\.\d+|decay_w1|decay_w2)",
+    }
+    tags: ClassVar[tuple[str, ...]] = ("rwkv", "rwkv6", "finch", "recurrent")
+    max_chunk: ClassVar[int] = 128
+    shape_keys: ClassVar[tuple[str, ...]] = _geometry.SHAPE_KEYS
+    card_summary: ClassVar[str] = (
+        "RWKV-6 (x060, \"Finch\") is a recurrent language model without a KV cache: each layer keeps a "
+        "per-head matrix state updated with a data-dependent decay (w = exp(-exp(.)) from a LoRA of the "
+        "token-shifted input) plus a bonus for the current token, and a one-row token-shift state per "
+        "mix. Memory per sequence is constant, whatever its length.")
+    export_sources: ClassVar[tuple[str, ...]] = (
+        "recurrent_coreai/families/rwkv6/export_modules.py",
+        "recurrent_coreai/families/rwkv6/chunked.py",
+    )
+
+    # --- geometry -------------------------------------------------------------------------
+    def geometry_from_shape(self, shape: Mapping, where: str | Path) -> Geometry:
+        return _geometry.geometry_from_shape(shape, where)
+
+    def geometry_from_config(self, cfg: Any, where: str | Path) -> Geometry:
+        return _geometry.geometry_from_config(cfg, where)
+
+    def geometry_from_tensors(self, shapes: Mapping[str, tuple[int, ...]], layout: str,
+                              where: str | Path) -> Geometry | None:
+        """Both layouts carry every size in their tensors (the LoRA widths too); config.json of the
+        hf layout cannot name them in the remote code's own keys, so prefer this when tensors exist."""
+        names = _layouts.blinkdl_names() if layout == _layouts.BLINKDL else _layouts.hf_names()
+        return _geometry.geometry_from_tensors(shapes, names, _layouts.LABELS[layout], where)
+
+    def geometry_from_dict(self, d: Mapping) -> Geometry:
+        return _geometry.geometry_from_dict(d)
+
+    def config_json(self, geom: Geometry) -> dict:
+        return _geometry.config_json(geom)
+
+    # --- checkpoints ----------------------------------------------------------------------
+    def detect_layout(self, names: Iterable[str]) -> str | None:
+        return _layouts.detect_layout(names)
+
+    def normal_shapes(self, geom: Geometry) -> dict[str, tuple[int, ...]]:
+        return _geometry.normal_shapes(geom)
+
+    def normalize(self, sd: Mapping[str, Any], geom: Geometry, where: str | Path) -> dict[str, Any]:
+        return _layouts.normalize(sd, geom, where)
+
+    def normal_parts(self, layout: str, name: str, tensor: Any) -> list[tuple[str, Any]] | None:
+        return _layouts.normal_parts(layout, name, tensor)
+
+    def synthetic_tensors(self, geom: Geometry, seed: int) -> Iterator[tuple[str, Any]]:
+        from recurrent_coreai.families.rwkv6.synthetic import synthetic_tensors
+
+        return synthetic_tensors(geom, seed)
+
+    def write_layout(self, sd: Mapping[str, Any], out_dir: Path, layout: str) -> Path:
+        return _layouts.write_layout(sd, out_dir, layout)
+
+    # --- math -----------------------------------------------------------------------------
+    def reference(self, weights: Mapping[str, Any], geom: Geometry, dtype: Any = None):
+        from recurrent_coreai.families.rwkv6.reference import Reference
+
+        return Reference(weights, geom, dtype)
+
+    def state_specs(self, geom: Geometry) -> list[StateSpec]:
+        L, H, N, C = geom.layers, geom.heads, geom.head_dim, geom.hidden
+        return [
+            StateSpec("recState", (L, 1, H, N, N), "[layer, batch, head, key, value]: the WKV matrix state per head"),
+            StateSpec("shiftState", (L, 1, 2, C), "[layer, batch, slot, channel]: previous token's LN1 output "
+                      "(slot 0, time mix) and LN2 output (slot 1, channel mix)"),
+        ]
+
+    def build_decode(self, weights, geom: Geometry, dtype: Any, each_linear: EachLinear | None = None) -> Any:
+        from recurrent_coreai.families.rwkv6.export_modules import build_decode
+
+        return build_decode(weights, geom, dtype, each_linear)
+
+    def build_prefill(self, decode: Any, chunk: int) -> Any:
+        from recurrent_coreai.families.rwkv6.export_modules import build_prefill
+
+        return build_prefill(decode, chunk)
+
+    # --- card -----------------------------------------------------------------------------
+    def card_rows(self, geom: Geometry) -> list[tuple[str, str]]:
+        return [
+            ("Architecture", self.display_name),
+            ("Layers", str(geom.layers)),
+            ("Hidden size", str(geom.hidden)),
+            ("Heads x head size", f"{geom.heads} x {geom.head_dim}"),
+            ("FFN size", str(geom.ffn)),
+            ("Vocabulary", str(geom.vocab)),
+            ("ddlerp LoRA (D_MIX) / decay LoRA (D_DECAY)", f"{geom.mix_lora} / {geom.decay_lora}"),
+            ("Parameters", f"{self.parameter_count(geom):,}"),
+        ]
+
+
+FAMILY = Rwkv6Family()
