@@ -1,0 +1,128 @@
+"""families/mamba2: Mamba-2 (state-spaces/mamba2-*, transformers Mamba2ForCausalLM) behind the Family seam.
+
+Modules: geometry (shapes, both config.json styles), layouts (the two checkpoint layouts and the
+normal form), synthetic (seeded weights), reference (the token-by-token oracle), ssd (the exact
+chunk form), export_modules (decode and prefill graphs).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+from recurrent_coreai.families import base
+from recurrent_coreai.families.mamba2 import geometry as _geometry
+from recurrent_coreai.families.mamba2 import layouts as _layouts
+from recurrent_coreai.families.mamba2.geometry import Geometry
+
+
+class Mamba2Family(base.Family):
+    name = "mamba2"
+    display_name = "Mamba-2"
+    catalog_family = "Mamba"
+    tokenizer = "hf-bpe"
+    layouts = _layouts.LAYOUTS                   # ("hf", "mamba-ssm"); "hf" is the normal form
+    synthetic_layouts = _layouts.LAYOUTS
+    hf_model_types = ("mamba2",)
+    roles = {
+        "lm_head": r"lm_head",
+        "mlp": r"(?!)",                           # Mamba-2 has no MLP: matches nothing
+        "mixer_output": r"backbone\.layers\.\d+\.mixer\.out_proj",
+        "state_inputs": r"backbone\.layers\.\d+\.mixer\.in_proj",
+    }
+    tags = ("mamba", "mamba2", "ssm", "state-space-model")
+    max_chunk = 256
+    shape_keys = tuple(_geometry.SHAPE_KEYS)
+    card_summary = (
+        "Mamba-2 is a selective state-space model: each layer projects its input once (in_proj) into a gate z, "
+        "the SSM input x, the grouped state projections B and C and a step size dt per head; x, B and C pass a "
+        "short causal depthwise convolution, and each head's state S (headdim x d_state) decays by the scalar "
+        "exp(dt*A) and accumulates dt*x*Bᵀ, read out by C, plus a D skip, gated by silu(z) and RMS-normalised "
+        "per group. No attention and no KV cache: the bundle carries two fixed-size states, the conv window "
+        "(convState) and the SSM state (ssmState), whatever the context length.")
+    export_sources = ("recurrent_coreai/families/mamba2/export_modules.py", "recurrent_coreai/families/mamba2/ssd.py")
+
+    # --- geometry ------------------------------------------------------------------------
+    def geometry_from_shape(self, shape: Mapping, where: str | Path) -> Geometry:
+        return _geometry.geometry_from_shape(shape, where)
+
+    def geometry_from_config(self, cfg: Any, where: str | Path) -> Geometry:
+        return _geometry.geometry_from_config(cfg, where)
+
+    def geometry_from_dict(self, d: Mapping) -> Geometry:
+        return Geometry(**dict(d)).check("geometry record")
+
+    def config_json(self, geom: Geometry) -> dict:
+        return _geometry.hf_config(geom)
+
+    # --- checkpoints ---------------------------------------------------------------------
+    def detect_layout(self, names: Iterable[str]) -> str | None:
+        return _layouts.detect_layout(names)
+
+    def normal_shapes(self, geom: Geometry) -> dict[str, tuple[int, ...]]:
+        return _geometry.normal_shapes(geom)
+
+    def normalize(self, sd: Mapping[str, Any], geom: Geometry, where: str | Path) -> dict[str, Any]:
+        return _layouts.normalize(sd, geom, where)
+
+    def normal_parts(self, layout: str, name: str, tensor: Any):
+        return _layouts.normal_parts(layout, name, tensor)
+
+    def synthetic_tensors(self, geom: Geometry, seed: int) -> Iterator[tuple[str, Any]]:
+        from recurrent_coreai.families.mamba2 import synthetic
+
+        return synthetic.synthetic_tensors(geom, seed)
+
+    def write_layout(self, sd: Mapping[str, Any], out_dir: Path, layout: str, geom: Geometry | None = None) -> Path:
+        """As the seam says, plus ``geom``: Mamba-2's n_groups and norm eps are not in the tensor
+        shapes, so config.json cannot be written from the weights alone (required)."""
+        if geom is None:
+            raise TypeError("Mamba-2 write_layout needs geom= (n_groups and norm_eps are not in the tensor shapes)")
+        return _layouts.write_layout(sd, out_dir, layout, geom)
+
+    # --- math ----------------------------------------------------------------------------
+    def reference(self, weights: Mapping[str, Any], geom: Geometry, dtype: Any = None) -> base.Reference:
+        import torch
+
+        from recurrent_coreai.families.mamba2.reference import Mamba2Reference
+
+        return Mamba2Reference(weights, geom, dtype or torch.float32)
+
+    def state_specs(self, geom: Geometry) -> list[base.StateSpec]:
+        g = geom
+        return [
+            base.StateSpec("convState", (g.layers, 1, g.conv_dim, g.conv_kernel),
+                           "per layer: the last conv_kernel inputs of the depthwise conv (x|B|C channels), newest last"),
+            base.StateSpec("ssmState", (g.layers, 1, g.heads, g.headdim, g.d_state),
+                           "per layer and head: the SSM state, headdim x d_state"),
+        ]
+
+    def build_decode(self, weights, geom: Geometry, dtype, each_linear=None):
+        from recurrent_coreai.families.mamba2.export_modules import build_decode
+
+        return build_decode(weights, geom, dtype, each_linear)
+
+    def build_prefill(self, decode, chunk: int):
+        from recurrent_coreai.families.mamba2.export_modules import build_prefill
+
+        return build_prefill(decode, chunk)
+
+    # --- card ----------------------------------------------------------------------------
+    def card_rows(self, geom: Geometry) -> list[tuple[str, str]]:
+        g = geom
+        return [
+            ("Architecture", "Mamba-2 (SSD), no attention"),
+            ("Layers", str(g.layers)),
+            ("Hidden size (d_model)", str(g.hidden)),
+            ("Inner width (expand x d_model)", f"{g.intermediate} ({g.expand} x {g.hidden})"),
+            ("Heads x head dim", f"{g.heads} x {g.headdim}"),
+            ("State size (d_state)", str(g.d_state)),
+            ("Groups (B/C)", str(g.n_groups)),
+            ("Conv kernel", str(g.conv_kernel)),
+            ("Vocabulary", str(g.vocab)),
+            ("Tied embeddings", "yes" if g.tie_embeddings else "no"),
+            ("Parameters", f"{self.parameter_count(g):,}"),
+        ]
+
+
+FAMILY = Mamba2Family()

@@ -1,0 +1,219 @@
+"""The export graph: Mamba-2 as ``nn.Module``s whose two states are mutated buffers.
+
+Decode (:class:`Mamba2Decode`): ``input_ids`` [1,1] int32, ``position_ids`` [1,1] int32 (accepted,
+unused), returns ``logits`` [1,1,V]; states ``convState`` [L,1,conv_dim,K] (the last K conv
+inputs, newest last: transformers' cache layout) and ``ssmState`` [L,1,H,P,N].
+
+Prefill (:class:`Mamba2Prefill`): ``input_ids`` [1,T] (T static), logits of the LAST position;
+built over the decode module's own submodules and buffers (same parameter names: weights stored
+once; a quantised decode gives a quantised prefill).
+
+The rules of families/rwkv7/export_graph.py, kept here:
+* each layer returns its new state slices; each state gets ONE write per call, at the end
+  (``buffer.copy_(torch.stack(...))``);
+* every linear goes through :func:`recurrent_coreai.coreai.layers.linear`;
+* the recurrence, the decay and its exp, softplus, the conv and the norms run in at least fp32
+  (:func:`~recurrent_coreai.coreai.layers.wide`), whatever the recipe dtype; the residual stream
+  is kept in that wide dtype too (transformers' ``residual_in_fp32``);
+* the per-layer math is ONE function (:meth:`Block.step`) over T tokens: only the SSM differs, the
+  recurrence for T = 1 and the SSD chunk form (:mod:`.ssd`) for T > 1. The conv window is the
+  state's last K−1 inputs followed by the chunk; the new state is the window's last K rows.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from recurrent_coreai.coreai.layers import linear, wide
+from recurrent_coreai.families.mamba2 import ssd
+from recurrent_coreai.families.mamba2.geometry import Geometry
+
+STATE_NAMES = ("convState", "ssmState")
+PREFILL_CHUNK = 64
+# The chunk form's exponents are all <= 0 (see ssd.py), so its length is bounded by the [H,T,T]
+# intermediates, not by range; verified exact up to this length (tests/families/test_mamba2_export.py).
+MAX_CHUNK = 256
+
+
+def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+
+
+class Conv(nn.Module):
+    """The depthwise causal conv's parameters (conv1d.weight [conv_dim,1,K], conv1d.bias); not an
+    nn.Conv1d, so no quantiser takes it for a layer to quantise."""
+
+    def __init__(self, width: int, kernel: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(width, 1, kernel))
+        self.bias = nn.Parameter(torch.zeros(width))
+
+
+class Mixer(nn.Module):
+    def __init__(self, g: Geometry):
+        super().__init__()
+        self.in_proj = nn.Linear(g.hidden, g.in_proj_width, bias=False)
+        self.conv1d = Conv(g.conv_dim, g.conv_kernel)
+        self.dt_bias = nn.Parameter(torch.zeros(g.heads))
+        self.A_log = nn.Parameter(torch.zeros(g.heads))
+        self.D = nn.Parameter(torch.zeros(g.heads))
+        self.norm = RMSNorm(g.intermediate)
+        self.out_proj = nn.Linear(g.intermediate, g.hidden, bias=False)
+
+
+class Block(nn.Module):
+    def __init__(self, g: Geometry):
+        super().__init__()
+        self.g = g
+        self.norm = RMSNorm(g.hidden)
+        self.mixer = Mixer(g)
+
+    def step(self, x: torch.Tensor, conv_prev: torch.Tensor, S: torch.Tensor):
+        """T tokens through the layer. x [T,C] (wide dtype, the residual stream); conv_prev
+        [conv_dim,K] and S [H,P,N] the state slices before them. Returns x, the new conv slice
+        [conv_dim,K] and the new S, both in the states' dtype."""
+        g, m = self.g, self.mixer
+        T = x.shape[0]
+        I, H, P, N, G, K = g.intermediate, g.heads, g.headdim, g.d_state, g.n_groups, g.conv_kernel
+        dtype, wd = S.dtype, x.dtype      # the recipe's dtype (states are held in it) and the wide one
+        h = (_rms(x, g.norm_eps) * self.norm.weight.to(wd)).to(dtype)
+        zxbcdt = linear(m.in_proj, h)                                           # [T, 2I+2GN+H]
+        z, xbc, dt = zxbcdt[:, :I], zxbcdt[:, I:I + g.conv_dim], zxbcdt[:, I + g.conv_dim:]
+        seq = torch.cat([conv_prev[:, 1:].transpose(0, 1).to(wd), xbc.to(wd)], dim=0)   # [K-1+T, conv_dim]
+        w = m.conv1d.weight.to(wd)
+        conv = m.conv1d.bias.to(wd) + seq[0:T] * w[:, 0, 0]
+        for k in range(1, K):
+            conv = conv + seq[k:k + T] * w[:, 0, k]
+        conv_new = seq[T - 1:].transpose(0, 1)                                 # the last K inputs, newest last
+        xbc = F.silu(conv)
+        xs = xbc[:, :I].reshape(T, H, P)
+        B = xbc[:, I:I + G * N].reshape(T, G, N).transpose(0, 1)              # [G,T,N]
+        C = xbc[:, I + G * N:].reshape(T, G, N).transpose(0, 1)
+        dt = F.softplus(dt.to(wd) + m.dt_bias.to(wd))                           # [T,H]
+        A = -torch.exp(m.A_log.to(wd))                                          # [H]
+        S0 = S.to(wd)
+        if T == 1:
+            dA = torch.exp(dt.reshape(H) * A)                                   # [H]
+            Bh, Ch = ssd.heads_of_groups(B, H), ssd.heads_of_groups(C, H)        # [H,1,N]
+            S_new = S0 * dA.reshape(H, 1, 1) + (dt.reshape(H, 1) * xs.reshape(H, P)).reshape(H, P, 1) * Bh
+            y = torch.matmul(S_new, Ch.transpose(-1, -2)).reshape(1, H, P)     # [1,H,P]
+        else:
+            y, S_new = ssd.ssd_chunk(xs.transpose(0, 1), dt.transpose(0, 1), A, B, C, S0)
+            y = y.transpose(0, 1)                                               # [T,H,P]
+        y = y + m.D.to(wd).reshape(1, H, 1) * xs
+        y = y.reshape(T, I) * F.silu(z.to(wd))
+        y = _rms(y.reshape(T, G, I // G), g.norm_eps).reshape(T, I) * m.norm.weight.to(wd)
+        x = x + linear(m.out_proj, y.to(dtype)).to(wd)
+        return x, conv_new.to(conv_prev.dtype), S_new.to(S.dtype)
+
+
+class Backbone(nn.Module):
+    def __init__(self, g: Geometry):
+        super().__init__()
+        self.embeddings = nn.Embedding(g.vocab, g.hidden)
+        self.layers = nn.ModuleList(Block(g) for _ in range(g.layers))
+        self.norm_f = RMSNorm(g.hidden)
+
+
+def run(m: nn.Module, input_ids: torch.Tensor, T: int) -> torch.Tensor:
+    """Logits [1,1,V] of the last of T tokens; each state written ONCE, at the end."""
+    g = m.g
+    dtype = m.ssmState.dtype
+    wd = wide(dtype)
+    x = m.backbone.embeddings(input_ids.reshape(T).to(torch.int64)).to(wd)       # [T,C]
+    convs, ssms = [], []
+    for i, block in enumerate(m.backbone.layers):
+        x, conv, S = block.step(x, m.convState[i, 0], m.ssmState[i, 0])
+        convs.append(conv.unsqueeze(0))
+        ssms.append(S.unsqueeze(0))
+    m.convState.copy_(torch.stack(convs))
+    m.ssmState.copy_(torch.stack(ssms))
+    last = x if T == 1 else x[-1:]
+    h = (_rms(last, g.norm_eps) * m.backbone.norm_f.weight.to(wd)).to(dtype)
+    return linear(m.lm_head, h).reshape(1, 1, g.vocab)
+
+
+class Mamba2Decode(nn.Module):
+    """The decode entry point: one token in, logits out, both states updated once."""
+
+    def __init__(self, g: Geometry, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.g = g
+        self.backbone = Backbone(g)
+        self.lm_head = nn.Linear(g.hidden, g.vocab, bias=False)
+        self.register_buffer("convState", torch.zeros(g.layers, 1, g.conv_dim, g.conv_kernel, dtype=dtype))
+        self.register_buffer("ssmState", torch.zeros(g.layers, 1, g.heads, g.headdim, g.d_state, dtype=dtype))
+        self.to(dtype)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        del position_ids  # Mamba has no positions; kept as an input for engine parity
+        return run(self, input_ids, 1)
+
+    def reset(self) -> None:
+        self.convState.zero_()
+        self.ssmState.zero_()
+
+
+class Mamba2Prefill(nn.Module):
+    """The prefill entry point: ``input_ids`` [1,T] (T static) in, the last position's logits out;
+    the decode module's own submodules and state buffers (not copies)."""
+
+    def __init__(self, decode: Mamba2Decode, chunk: int = PREFILL_CHUNK):
+        super().__init__()
+        if not 1 <= chunk <= MAX_CHUNK:
+            raise ValueError(f"prefill chunk must be in 1..{MAX_CHUNK}, got {chunk}")
+        self.g, self.chunk = decode.g, chunk
+        self.backbone = decode.backbone
+        self.lm_head = decode.lm_head
+        self.register_buffer("convState", decode.convState)
+        self.register_buffer("ssmState", decode.ssmState)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        del position_ids
+        return run(self, input_ids, self.chunk)
+
+
+def build_prefill(decode: Mamba2Decode, chunk: int = PREFILL_CHUNK) -> Mamba2Prefill:
+    return Mamba2Prefill(decode, chunk).eval()
+
+
+def example_inputs(chunk: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.zeros(1, chunk, dtype=torch.int32), torch.arange(chunk, dtype=torch.int32).reshape(1, chunk)
+
+
+def build_decode(weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], g: Geometry,
+                 dtype: torch.dtype, each_linear: Callable[[str, nn.Linear], nn.Module] | None = None) -> Mamba2Decode:
+    """The decode module with the normal-form weights loaded strictly: built on the meta device,
+    each weight assigned (cast to ``dtype``) as it comes; ``each_linear(name, linear)`` replaces a
+    Linear as soon as its weight is in (quantisation)."""
+    with torch.device("meta"):
+        module = Mamba2Decode(g, dtype)
+    module.register_buffer("convState", torch.zeros(module.convState.shape, dtype=dtype))
+    module.register_buffer("ssmState", torch.zeros(module.ssmState.shape, dtype=dtype))
+    linears = {name for name, mod in module.named_modules() if isinstance(mod, nn.Linear)}
+    for name, tensor in (weights.items() if isinstance(weights, Mapping) else weights):
+        owner, _, leaf = name.rpartition(".")
+        try:
+            parent = module.get_submodule(owner)
+        except AttributeError:
+            parent = None
+        result = None if parent is None else parent.load_state_dict({leaf: tensor.to(dtype)}, strict=False, assign=True)
+        if parent is None or result.unexpected_keys:
+            raise KeyError(f"unexpected weight {name}")
+        if each_linear is not None and owner in linears and not any(t.is_meta for t in parent.parameters()):
+            parent_name, _, attr = owner.rpartition(".")
+            setattr(module.get_submodule(parent_name), attr, each_linear(owner, parent))
+    missing = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if t.is_meta]
+    if missing:
+        raise KeyError(f"missing weights {missing[:3]} ({len(missing)} in all)")
+    return module.eval()

@@ -1,0 +1,310 @@
+"""Mamba-2 geometry: from config.yaml's synthetic shape, from either config.json style, checked.
+
+Two config.json styles exist in the wild:
+
+* transformers ``Mamba2Config`` (``model_type: mamba2``): ``hidden_size``, ``num_hidden_layers``,
+  ``state_size``, ``head_dim``, ``num_heads``, ``n_groups``, ``expand``, ``conv_kernel``,
+  ``vocab_size``, ``layer_norm_epsilon``, ``tie_word_embeddings``, ``use_bias``, ``use_conv_bias``,
+  ``hidden_act``, ``time_step_limit`` ...;
+* the original ``state-spaces/mamba2-*`` (mamba_ssm ``MambaConfig``): ``d_model``, ``n_layer``,
+  ``vocab_size`` (padded up to ``pad_vocab_size_multiple`` by ``MambaLMHeadModel``),
+  ``d_intermediate`` (0: no MLP), ``ssm_cfg`` (``layer: Mamba2`` plus the ``Mamba2`` module's
+  keyword arguments, defaults d_state 128, d_conv 4, expand 2, headdim 64, ngroups 1),
+  ``attn_layer_idx``, ``rms_norm``, ``tie_embeddings`` (default true). Its norms' eps is 1e-5
+  (the gated norm's is hard-coded, the block norms' is MixerModel's default).
+
+Anything this port does not implement (biases on the projections, an MLP, attention layers, a
+dt clamp, norm before gate, per-channel D ...) is a one-line error naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Mapping
+
+from recurrent_coreai.families import base
+from recurrent_coreai.util.errors import PipelineError
+
+_REQUIRED = object()
+
+# config.yaml source.shape keys -> (type, default or _REQUIRED)
+SHAPE_KEYS: dict[str, tuple[type, object]] = {
+    "layers": (int, _REQUIRED), "hidden": (int, _REQUIRED), "d_state": (int, _REQUIRED),
+    "headdim": (int, _REQUIRED), "vocab": (int, _REQUIRED), "n_groups": (int, 1), "expand": (int, 2),
+    "conv_kernel": (int, 4), "norm_eps": (float, 1e-5), "tie_embeddings": (bool, False),
+}
+
+
+def _json_type(value: object) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null", dict: "object"}.get(
+        type(value), type(value).__name__)
+
+
+@dataclass(frozen=True)
+class Geometry(base.Geometry):
+    layers: int
+    hidden: int          # d_model
+    d_state: int         # N
+    headdim: int         # P
+    vocab: int
+    n_groups: int = 1    # G
+    expand: int = 2
+    conv_kernel: int = 4  # K
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False  # the checkpoint ties lm_head to the embedding (the normal form holds both)
+
+    @property
+    def intermediate(self) -> int:  # I
+        return self.expand * self.hidden
+
+    @property
+    def heads(self) -> int:  # H
+        return self.intermediate // self.headdim
+
+    @property
+    def conv_dim(self) -> int:  # I + 2GN
+        return self.intermediate + 2 * self.n_groups * self.d_state
+
+    @property
+    def in_proj_width(self) -> int:  # z, xBC, dt
+        return 2 * self.intermediate + 2 * self.n_groups * self.d_state + self.heads
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def check(self, where: str | Path = "config") -> "Geometry":
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "tie_embeddings":
+                if not isinstance(value, bool):
+                    raise PipelineError(where, f"tie_embeddings must be true or false, got {value!r}", "fix the model shape")
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise PipelineError(where, f"{f.name} must be positive, got {value!r}", "fix the model shape")
+            if f.type in ("int", int) and not isinstance(value, int):
+                raise PipelineError(where, f"{f.name} must be an integer, got {value!r}", "fix the model shape")
+        if self.intermediate % self.headdim:
+            raise PipelineError(where, f"expand*hidden = {self.intermediate} is not a multiple of headdim {self.headdim}",
+                                "choose hidden, expand and headdim with expand*hidden divisible by headdim")
+        if self.heads % self.n_groups:
+            raise PipelineError(where, f"heads = {self.heads} (expand*hidden/headdim) is not a multiple of n_groups "
+                                f"{self.n_groups}", "choose n_groups dividing the number of heads")
+        return self
+
+
+def geometry_from_shape(shape: Mapping, where: str | Path) -> Geometry:
+    if not isinstance(shape, Mapping):
+        raise PipelineError(where, f"source.shape is a {_json_type(shape)}, not a mapping",
+                            f"give the keys {', '.join(SHAPE_KEYS)}")
+    unknown = sorted(set(shape) - set(SHAPE_KEYS))
+    if unknown:
+        raise PipelineError(where, f"unknown Mamba-2 shape key {unknown[0]!r}", f"use only {', '.join(SHAPE_KEYS)}")
+    values = {}
+    for key, (typ, default) in SHAPE_KEYS.items():
+        if key not in shape:
+            if default is _REQUIRED:
+                raise PipelineError(where, f"Mamba-2 shape key {key!r} is missing",
+                                    f"give {', '.join(k for k, (_, d) in SHAPE_KEYS.items() if d is _REQUIRED)}")
+            values[key] = default
+            continue
+        v = shape[key]
+        ok = (isinstance(v, bool) if typ is bool else
+              (isinstance(v, int) and not isinstance(v, bool)) if typ is int else
+              (isinstance(v, (int, float)) and not isinstance(v, bool)))
+        if not ok:
+            raise PipelineError(where, f"shape key {key} must be {'a boolean' if typ is bool else 'an integer' if typ is int else 'a number'}, "
+                                f"got {v!r}", f"fix source.shape.{key}")
+        values[key] = float(v) if typ is float else v
+    return Geometry(**values).check(where)
+
+
+# --- config.json -----------------------------------------------------------------------------
+class _Reader:
+    """Typed access to a parsed config.json object; every problem is one PipelineError line."""
+
+    def __init__(self, cfg: Mapping, where: str | Path, fix: str, prefix: str = ""):
+        self.cfg, self.where, self.fix, self.prefix = cfg, where, fix, prefix
+
+    def _get(self, key: str, default: object) -> object:
+        if key not in self.cfg or self.cfg[key] is None:
+            if default is _REQUIRED:
+                raise PipelineError(self.where, f"missing key {self.prefix}{key!r}", self.fix)
+            return default
+        return self.cfg[key]
+
+    def whole(self, key: str, default: object = _REQUIRED) -> int:
+        v = self._get(key, default)
+        if not (type(v) is int or (type(v) is float and v.is_integer())) or v <= 0:
+            raise PipelineError(self.where, f"{self.prefix}{key} must be a positive integer, got {json.dumps(v)}",
+                                f"fix {self.prefix}{key} in config.json")
+        return int(v)
+
+    def number(self, key: str, default: object = _REQUIRED) -> float:
+        v = self._get(key, default)
+        if type(v) not in (int, float) or not 0 < v < math.inf:
+            raise PipelineError(self.where, f"{self.prefix}{key} must be a positive number, got {json.dumps(v)}",
+                                f"fix {self.prefix}{key} in config.json")
+        return float(v)
+
+    def flag(self, key: str, default: bool) -> bool:
+        v = self._get(key, default)
+        if not isinstance(v, bool):
+            raise PipelineError(self.where, f"{self.prefix}{key} must be true or false, got {json.dumps(v)}",
+                                f"fix {self.prefix}{key} in config.json")
+        return v
+
+    def require(self, key: str, ok, default: object, want: str) -> None:
+        """Values this port does not implement: the key must hold what ``ok`` accepts."""
+        v = self._get(key, default)
+        if not ok(v):
+            raise PipelineError(self.where, f"{self.prefix}{key} is {json.dumps(v)}; this Mamba-2 port supports "
+                                f"only {want}", "use a plain Mamba-2 checkpoint (or extend families/mamba2)")
+
+
+def _no_dt_clamp(v: object) -> bool:
+    return (isinstance(v, (list, tuple)) and len(v) == 2 and all(type(x) in (int, float) for x in v)
+            and v[0] <= 0 and v[1] == math.inf)
+
+
+def _check_heads(g: Geometry, heads: int, key: str, where: str | Path) -> None:
+    if heads != g.heads:
+        raise PipelineError(where, f"{key} is {heads} but expand*hidden/head_dim = {g.intermediate}/{g.headdim} = "
+                            f"{g.heads}", f"fix {key} (or head_dim) in config.json")
+
+
+def geometry_from_hf_config(cfg: Mapping, where: str | Path) -> Geometry:
+    fix = "use the config.json of a transformers Mamba2ForCausalLM checkpoint"
+    r = _Reader(cfg, where, fix)
+    r.require("use_bias", lambda v: v is False, False, "use_bias false (no in_proj/out_proj bias)")
+    r.require("use_conv_bias", lambda v: v is True, True, "use_conv_bias true")
+    r.require("hidden_act", lambda v: v in ("silu", "swish"), "silu", 'hidden_act "silu"')
+    r.require("time_step_limit", _no_dt_clamp, [0.0, math.inf], "time_step_limit [0, Infinity] (no dt clamp)")
+    g = Geometry(
+        layers=r.whole("num_hidden_layers"), hidden=r.whole("hidden_size"), d_state=r.whole("state_size"),
+        headdim=r.whole("head_dim"), vocab=r.whole("vocab_size"), n_groups=r.whole("n_groups"),
+        expand=r.whole("expand", 2), conv_kernel=r.whole("conv_kernel", 4),
+        norm_eps=r.number("layer_norm_epsilon", 1e-5), tie_embeddings=r.flag("tie_word_embeddings", False),
+    ).check(where)
+    if "num_heads" in cfg:
+        _check_heads(g, r.whole("num_heads"), "num_heads", where)
+    return g
+
+
+MAMBA_SSM_KEYS = {"d_model", "d_intermediate", "n_layer", "vocab_size", "ssm_cfg", "attn_layer_idx", "attn_cfg",
+                  "rms_norm", "residual_in_fp32", "fused_add_norm", "pad_vocab_size_multiple", "tie_embeddings",
+                  "norm_epsilon"}
+# Mamba2(...) keyword arguments; the ones that only shape the init or the CUDA path are ignored
+SSM_CFG_KEYS = {"layer", "d_state", "d_conv", "expand", "headdim", "ngroups", "d_ssm", "conv_init", "A_init_range",
+                "D_has_hdim", "rmsnorm", "norm_before_gate", "dt_min", "dt_max", "dt_init_floor", "dt_limit", "bias",
+                "conv_bias", "chunk_size", "use_mem_eff_path", "process_group", "sequence_parallel"}
+
+
+def geometry_from_mamba_ssm_config(cfg: Mapping, where: str | Path) -> Geometry:
+    fix = "use the config.json of a state-spaces/mamba2-* checkpoint"
+    unknown = sorted(set(cfg) - MAMBA_SSM_KEYS)
+    if unknown:
+        raise PipelineError(where, f"unknown mamba_ssm config key {unknown[0]!r}", fix)
+    r = _Reader(cfg, where, fix)
+    r.require("d_intermediate", lambda v: v == 0, 0, "d_intermediate 0 (no MLP)")
+    r.require("attn_layer_idx", lambda v: v == [], [], "attn_layer_idx [] (no attention layers)")
+    r.require("rms_norm", lambda v: v is True, True, "rms_norm true")
+    r.require("norm_epsilon", lambda v: v == 1e-5, 1e-5, "norm_epsilon 1e-5 (the gated norm's eps is fixed at 1e-5)")
+    ssm = cfg.get("ssm_cfg", {})
+    if not isinstance(ssm, Mapping):
+        raise PipelineError(where, f"ssm_cfg is a JSON {_json_type(ssm)}, not an object", fix)
+    unknown = sorted(set(ssm) - SSM_CFG_KEYS)
+    if unknown:
+        raise PipelineError(where, f"unknown key ssm_cfg.{unknown[0]!r}", fix)
+    s = _Reader(ssm, where, fix, "ssm_cfg.")
+    s.require("layer", lambda v: v == "Mamba2", "Mamba1", 'layer "Mamba2" (this is a Mamba-1 config)')
+    s.require("d_ssm", lambda v: v is None, None, "d_ssm null (SSM over the whole inner width)")
+    s.require("D_has_hdim", lambda v: v is False, False, "D_has_hdim false (one D per head)")
+    s.require("rmsnorm", lambda v: v is True, True, "rmsnorm true")
+    s.require("norm_before_gate", lambda v: v is False, False, "norm_before_gate false")
+    s.require("dt_limit", _no_dt_clamp, [0.0, math.inf], "dt_limit [0, Infinity] (no dt clamp)")
+    s.require("bias", lambda v: v is False, False, "bias false")
+    s.require("conv_bias", lambda v: v is True, True, "conv_bias true")
+    vocab = r.whole("vocab_size")
+    multiple = r.whole("pad_vocab_size_multiple", 8)  # MambaConfig's default
+    vocab += (-vocab) % multiple                     # MambaLMHeadModel pads the table
+    return Geometry(
+        layers=r.whole("n_layer"), hidden=r.whole("d_model"), d_state=s.whole("d_state", 128),
+        headdim=s.whole("headdim", 64), vocab=vocab, n_groups=s.whole("ngroups", 1), expand=s.whole("expand", 2),
+        conv_kernel=s.whole("d_conv", 4), norm_eps=1e-5, tie_embeddings=r.flag("tie_embeddings", True),
+    ).check(where)
+
+
+def geometry_from_config(cfg: object, where: str | Path) -> Geometry:
+    if not isinstance(cfg, Mapping):
+        raise PipelineError(where, f"is a JSON {_json_type(cfg)}, not an object",
+                            "use the config.json of a Mamba-2 checkpoint")
+    if "d_model" in cfg and "model_type" not in cfg:
+        return geometry_from_mamba_ssm_config(cfg, where)
+    if cfg.get("model_type") != "mamba2":
+        raise PipelineError(where, f"model_type is {cfg.get('model_type')!r}, not 'mamba2' (and no mamba_ssm d_model)",
+                            "point the source at a Mamba-2 checkpoint")
+    return geometry_from_hf_config(cfg, where)
+
+
+def hf_config(g: Geometry) -> dict:
+    """config.json of the normal form (transformers Mamba2ForCausalLM; from_pretrained loads it)."""
+    return {
+        "architectures": ["Mamba2ForCausalLM"],
+        "model_type": "mamba2",
+        "hidden_size": g.hidden,
+        "num_hidden_layers": g.layers,
+        "state_size": g.d_state,
+        "head_dim": g.headdim,
+        "num_heads": g.heads,
+        "n_groups": g.n_groups,
+        "expand": g.expand,
+        "conv_kernel": g.conv_kernel,
+        "vocab_size": g.vocab,
+        "layer_norm_epsilon": g.norm_eps,
+        "tie_word_embeddings": g.tie_embeddings,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "hidden_act": "silu",
+        "residual_in_fp32": True,
+        "chunk_size": 256,
+        "pad_token_id": 0,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "torch_dtype": "float32",
+    }
+
+
+def mamba_ssm_config(g: Geometry) -> dict:
+    """config.json as state-spaces/mamba2-* write it (MambaConfig's fields)."""
+    if g.norm_eps != 1e-5:
+        raise ValueError(f"the mamba_ssm layout fixes the norm eps at 1e-5, the geometry has {g.norm_eps}")
+    return {
+        "d_model": g.hidden, "d_intermediate": 0, "n_layer": g.layers, "vocab_size": g.vocab,
+        "ssm_cfg": {"layer": "Mamba2", "d_state": g.d_state, "d_conv": g.conv_kernel, "expand": g.expand,
+                    "headdim": g.headdim, "ngroups": g.n_groups},
+        "attn_layer_idx": [], "attn_cfg": {}, "rms_norm": True, "residual_in_fp32": True, "fused_add_norm": True,
+        "pad_vocab_size_multiple": 1, "tie_embeddings": g.tie_embeddings,
+    }
+
+
+def normal_shapes(g: Geometry) -> dict[str, tuple[int, ...]]:
+    """The normal form (transformers names, lm_head always present), in file order."""
+    C, I, H = g.hidden, g.intermediate, g.heads
+    shapes: dict[str, tuple[int, ...]] = {"backbone.embeddings.weight": (g.vocab, C)}
+    for i in range(g.layers):
+        p = f"backbone.layers.{i}."
+        shapes[p + "norm.weight"] = (C,)
+        shapes[p + "mixer.in_proj.weight"] = (g.in_proj_width, C)
+        shapes[p + "mixer.conv1d.weight"] = (g.conv_dim, 1, g.conv_kernel)
+        shapes[p + "mixer.conv1d.bias"] = (g.conv_dim,)
+        shapes[p + "mixer.dt_bias"] = (H,)
+        shapes[p + "mixer.A_log"] = (H,)
+        shapes[p + "mixer.D"] = (H,)
+        shapes[p + "mixer.norm.weight"] = (I,)
+        shapes[p + "mixer.out_proj.weight"] = (C, I)
+    shapes["backbone.norm_f.weight"] = (C,)
+    shapes["lm_head.weight"] = (g.vocab, C)
+    return shapes

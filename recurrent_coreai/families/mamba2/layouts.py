@@ -1,0 +1,158 @@
+"""Mamba-2 checkpoint layouts and their normalisation to ONE normal form.
+
+* ``hf`` (the normal form): transformers ``Mamba2ForCausalLM``, ``model.safetensors`` +
+  config.json (``model_type: mamba2``): ``backbone.embeddings.weight``, per layer
+  ``backbone.layers.{i}.norm.weight`` and ``backbone.layers.{i}.mixer.{in_proj.weight,
+  conv1d.weight, conv1d.bias, dt_bias, A_log, D, norm.weight, out_proj.weight}``,
+  ``backbone.norm_f.weight``, ``lm_head.weight`` (absent when ``tie_word_embeddings``).
+* ``mamba-ssm``: the original ``state-spaces/mamba2-*`` release, ``pytorch_model.bin`` (a pickled
+  state dict, read with ``torch.load(weights_only=True)``) + mamba_ssm's config.json
+  (``d_model``, ``n_layer``, ``ssm_cfg`` ...): the same names except ``backbone.embedding.weight``
+  (singular; transformers' load hook renames it), and ``lm_head.weight`` stored beside it, the
+  same storage, when ``tie_embeddings`` (mamba_ssm's ``save_pretrained`` saves ``state_dict()``).
+
+The normal form always holds ``lm_head.weight``: a tied head is materialised as a copy of the
+embedding (so a tied model's normal form has the table twice; a head stored beside a tied
+embedding must equal it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from recurrent_coreai.families.mamba2.geometry import (Geometry, geometry_from_config, hf_config, mamba_ssm_config,
+                                                        normal_shapes)
+from recurrent_coreai.util.errors import PipelineError
+
+HF, MAMBA_SSM = "hf", "mamba-ssm"
+LAYOUTS = (HF, MAMBA_SSM)
+WEIGHT_FILES = {HF: "model.safetensors", MAMBA_SSM: "pytorch_model.bin"}
+EMBED = {HF: "backbone.embeddings.weight", MAMBA_SSM: "backbone.embedding.weight"}
+HEAD = "lm_head.weight"
+NORMAL_METADATA = {"format": "pt"}
+
+
+def detect_layout(names: Iterable[str]) -> str | None:
+    """``hf`` or ``mamba-ssm`` when the names are Mamba-2's (a ``mixer.dt_bias``: Mamba-1 has
+    ``dt_proj`` instead), else None."""
+    names = set(names)
+    if not any(n.startswith("backbone.layers.") and n.endswith(".mixer.dt_bias") for n in names):
+        return None
+    if EMBED[MAMBA_SSM] in names and EMBED[HF] not in names:
+        return MAMBA_SSM
+    return HF
+
+
+def _shape(shape) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _where_fix(geom: Geometry) -> str:
+    return "use a complete Mamba-2 checkpoint whose config.json matches its weights"
+
+
+def normalize(sd: Mapping[str, Any], geom: Geometry, where: str | Path) -> dict[str, Any]:
+    """Either layout -> the normal form (normal_shapes order), every name and shape checked. Works
+    on meta tensors (the tied head's equality check is then skipped)."""
+    layout = detect_layout(sd) or HF
+    embed = EMBED[layout]
+    expected = normal_shapes(geom)
+    fix = _where_fix(geom)
+    renamed: dict[str, Any] = {}
+    for name, t in sd.items():
+        renamed["backbone.embeddings.weight" if name == embed else name] = t
+    if HEAD not in renamed and geom.tie_embeddings and "backbone.embeddings.weight" in renamed:
+        renamed[HEAD] = renamed["backbone.embeddings.weight"].clone()   # materialised: the normal form holds both
+    elif geom.tie_embeddings and HEAD in renamed and "backbone.embeddings.weight" in renamed:
+        head, emb = renamed[HEAD], renamed["backbone.embeddings.weight"]
+        if not head.is_meta and not emb.is_meta and (head.shape != emb.shape or not bool((head == emb).all())):
+            raise PipelineError(where, f"tensor {HEAD} differs from the tied embedding {embed} "
+                                "(config.json ties them)", "set tie_embeddings/tie_word_embeddings false in "
+                                "config.json if the head is its own tensor")
+        renamed[HEAD] = emb.clone() if head is emb else head
+    for name, shape in expected.items():
+        if name not in renamed:
+            stored = embed if name == "backbone.embeddings.weight" else name
+            raise PipelineError(where, f"tensor {stored} is missing (expected shape {_shape(shape)})", fix)
+    extra = [n for n in renamed if n not in expected]
+    if extra:
+        raise PipelineError(where, f"unexpected tensor {extra[0]} (shape {_shape(renamed[extra[0]].shape)}; "
+                            f"{len(extra)} unexpected in all)", fix)
+    out: dict[str, Any] = {}
+    for name, shape in expected.items():
+        t = renamed[name]
+        if tuple(t.shape) != tuple(shape):
+            stored = embed if name == "backbone.embeddings.weight" else name
+            if name.endswith("mixer.in_proj.weight") and len(t.shape) == 2 and t.shape[1] == shape[1]:
+                g = geom
+                raise PipelineError(where, f"tensor {stored} has {t.shape[0]} output rows, but config.json implies "
+                                    f"2*I + 2*G*N + H = 2*{g.intermediate} + 2*{g.n_groups}*{g.d_state} + {g.heads} = "
+                                    f"{shape[0]} (d_state {g.d_state}, n_groups {g.n_groups}, head_dim {g.headdim})",
+                                    "fix state_size/n_groups/head_dim in config.json to match the weights")
+            raise PipelineError(where, f"tensor {stored} has shape {_shape(t.shape)}, expected {_shape(shape)}",
+                                "check that config.json matches the weights")
+        out[name] = t if t.is_meta else t.contiguous()
+    return out
+
+
+def normal_parts(layout: str, name: str, tensor: Any) -> list[tuple[str, Any]] | None:
+    """Both layouts are read whole: a tied head must be materialised from the embedding, and
+    which checkpoint ties is in its config.json, not in a tensor's name."""
+    return None
+
+
+def write_layout(sd: Mapping[str, Any], out_dir: Path, layout: str, geom: Geometry) -> Path:
+    """Normal-form weights written in ``layout`` with its config.json; returns the weights file.
+    A tied geometry (``tie_embeddings``) needs lm_head equal to the embedding: ``hf`` then omits
+    lm_head.weight (as transformers saves a tied model), ``mamba-ssm`` stores it as the embedding's
+    own tensor (one storage in the pickle, as mamba_ssm's save_pretrained)."""
+    import torch
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown Mamba-2 layout {layout!r} (use one of {', '.join(LAYOUTS)})")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sd = normalize(sd, geom, "normal form")
+    emb = sd["backbone.embeddings.weight"]
+    if geom.tie_embeddings and not torch.equal(sd[HEAD], emb):
+        raise ValueError("a tied geometry needs lm_head.weight equal to the embedding")
+    path = out_dir / WEIGHT_FILES[layout]
+    if layout == HF:
+        import safetensors.torch
+
+        tensors = {n: t for n, t in sd.items() if not (geom.tie_embeddings and n == HEAD)}
+        safetensors.torch.save_file(tensors, str(path), metadata=dict(NORMAL_METADATA))
+        cfg = hf_config(geom)
+    else:
+        tensors = {(EMBED[MAMBA_SSM] if n == "backbone.embeddings.weight" else n): t for n, t in sd.items()}
+        if geom.tie_embeddings:
+            tensors[HEAD] = tensors[EMBED[MAMBA_SSM]]
+        torch.save(tensors, path)
+        cfg = mamba_ssm_config(geom)
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return path
+
+
+def read_dir(src: Path) -> tuple[Geometry, dict[str, Any], str]:
+    """(geometry, normal-form weights, layout) of a directory written by :func:`write_layout`
+    (a small reader for tests and tools; the pipeline's generic reader does the same)."""
+    import torch
+
+    src = Path(src)
+    cfg_path = src / "config.json"
+    geom = geometry_from_config(json.loads(cfg_path.read_text()), cfg_path)
+    if (src / WEIGHT_FILES[HF]).is_file():
+        import safetensors.torch
+
+        sd = safetensors.torch.load_file(str(src / WEIGHT_FILES[HF]))
+        where = src / WEIGHT_FILES[HF]
+    else:
+        where = src / WEIGHT_FILES[MAMBA_SSM]
+        sd = torch.load(where, map_location="cpu", weights_only=True)
+    layout = detect_layout(sd)
+    if layout is None:
+        raise PipelineError(where, "holds no Mamba-2 tensors (no backbone.layers.*.mixer.dt_bias)",
+                            "point the source at a Mamba-2 checkpoint")
+    return geom, normalize(sd, geom, where), layout
