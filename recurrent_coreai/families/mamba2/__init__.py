@@ -65,6 +65,11 @@ class Mamba2Family(base.Family):
     def normalize(self, sd: Mapping[str, Any], geom: Geometry, where: str | Path) -> dict[str, Any]:
         return _layouts.normalize(sd, geom, where)
 
+    def streams(self, layout: str) -> bool:
+        """Neither layout streams: whether lm_head is tied (materialised from the embedding) is in
+        config.json, not in the tensor names."""
+        return False
+
     def normal_parts(self, layout: str, name: str, tensor: Any):
         return _layouts.normal_parts(layout, name, tensor)
 
@@ -72,6 +77,9 @@ class Mamba2Family(base.Family):
         from recurrent_coreai.families.mamba2 import synthetic
 
         return synthetic.synthetic_tensors(geom, seed)
+
+    def write_synthetic(self, geom: Geometry, seed: int, out_dir: Path, layout: str) -> Path:
+        return self.write_layout(dict(self.synthetic_tensors(geom, seed)), out_dir, layout, geom=geom)
 
     def write_layout(self, sd: Mapping[str, Any], out_dir: Path, layout: str, geom: Geometry | None = None) -> Path:
         """As the seam says, plus ``geom``: Mamba-2's n_groups and norm eps are not in the tensor

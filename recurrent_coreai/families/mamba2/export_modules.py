@@ -200,20 +200,20 @@ def build_decode(weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch
         module = Mamba2Decode(g, dtype)
     module.register_buffer("convState", torch.zeros(module.convState.shape, dtype=dtype))
     module.register_buffer("ssmState", torch.zeros(module.ssmState.shape, dtype=dtype))
-    linears = {name for name, mod in module.named_modules() if isinstance(mod, nn.Linear)}
+    expected = {n for n, _ in module.named_parameters()}
+    linears = {name: {f"{name}.{p}" for p, _ in mod.named_parameters()}
+               for name, mod in module.named_modules() if isinstance(mod, nn.Linear)}
+    loaded: set[str] = set()
     for name, tensor in (weights.items() if isinstance(weights, Mapping) else weights):
         owner, _, leaf = name.rpartition(".")
-        try:
-            parent = module.get_submodule(owner)
-        except AttributeError:
-            parent = None
-        result = None if parent is None else parent.load_state_dict({leaf: tensor.to(dtype)}, strict=False, assign=True)
-        if parent is None or result.unexpected_keys:
-            raise KeyError(f"unexpected weight {name}")
-        if each_linear is not None and owner in linears and not any(t.is_meta for t in parent.parameters()):
+        if name not in expected or name in loaded:
+            raise KeyError(f"unexpected weight {name}" + (" (given twice)" if name in loaded else ""))
+        module.get_submodule(owner).load_state_dict({leaf: tensor.to(dtype)}, strict=False, assign=True)
+        loaded.add(name)
+        if each_linear is not None and owner in linears and linears[owner] <= loaded:
             parent_name, _, attr = owner.rpartition(".")
-            setattr(module.get_submodule(parent_name), attr, each_linear(owner, parent))
-    missing = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if t.is_meta]
+            setattr(module.get_submodule(parent_name), attr, each_linear(owner, module.get_submodule(owner)))
+    missing = sorted(expected - loaded)   # by name, not is_meta: a skeleton of meta weights is complete
     if missing:
         raise KeyError(f"missing weights {missing[:3]} ({len(missing)} in all)")
     return module.eval()

@@ -97,10 +97,11 @@ def normalize(sd: Mapping[str, Any], geom: Geometry, where: str | Path) -> dict[
     return out
 
 
-def normal_parts(layout: str, name: str, tensor: Any) -> list[tuple[str, Any]] | None:
-    """Both layouts are read whole: a tied head must be materialised from the embedding, and
+def normal_parts(layout: str, name: str, tensor: Any) -> list[tuple[str, Any]]:
+    """One stored tensor's normal-form name (the embedding's rename). Not used for streaming
+    (Mamba2Family.streams is False): a tied head must be materialised from the embedding, and
     which checkpoint ties is in its config.json, not in a tensor's name."""
-    return None
+    return [("backbone.embeddings.weight" if name == EMBED[MAMBA_SSM] else name, tensor)]
 
 
 def write_layout(sd: Mapping[str, Any], out_dir: Path, layout: str, geom: Geometry) -> Path:
