@@ -31,7 +31,9 @@ import yaml
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from recurrent_coreai.tools import beta_watch
+from recurrent_coreai.tools.beta_watch import assess, cli, jobs, rebuild, settings, venv
+from recurrent_coreai.tools.beta_watch import index as bw_index
+from recurrent_coreai.tools.beta_watch import pins as bw_pins
 from recurrent_coreai.util.errors import PipelineError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,6 +89,11 @@ def serve(directory: Path):
 def index(tmp_path_factory):
     root = tmp_path_factory.mktemp("index")
     wheel = reversion_wheel(PACKAGE, NEW, root / "simple" / canonicalize_name(PACKAGE))
+    # the pins are listed too (beta-watch refuses an index that does not list them): empty
+    # placeholders, read as names by `pip index versions`, never downloaded
+    for project, pinned in (("coreai-core", "1.0.0b3"), ("coreai-torch", "0.4.3"), (PACKAGE, OLD)):
+        (root / "simple" / project).mkdir(parents=True, exist_ok=True)
+        (root / "simple" / project / f"{project.replace('-', '_')}-{pinned}.tar.gz").touch()
     with serve(root) as url:
         yield url, wheel
 
@@ -108,11 +115,14 @@ def test_the_reversioned_wheel_is_small_and_consistent(index):
 
 def test_finds_the_newer_prerelease_on_a_local_index(index):
     url, _ = index
-    pins = beta_watch.read_pins(ROOT / "requirements.txt", beta_watch.DEFAULTS["packages"])
+    pins = bw_pins.read_pins(ROOT / "requirements.txt", settings.DEFAULTS["packages"])
     assert pins == {"coreai-core": Version("1.0.0b3"), "coreai-torch": Version("0.4.3"), "coreai-opt": Version(OLD)}
-    assert beta_watch.find_updates(pins, url) == {PACKAGE: (Version(OLD), Version(NEW))}
-    # nothing newer than a pin equal to what the index has, and projects the index lacks are not errors
-    assert beta_watch.find_updates({PACKAGE: Version(NEW), "coreai-core": Version("1.0.0b3")}, url) == {}
+    assert bw_index.find_updates(pins, url) == {PACKAGE: (Version(OLD), Version(NEW))}
+    # nothing newer than a pin equal to what the index has; a pin the index does not list is an error
+    assert bw_index.find_updates({PACKAGE: Version(NEW), "coreai-core": Version("1.0.0b3")}, url) == {}
+    with pytest.raises(PipelineError, match=rf"^index {url}: {PACKAGE}==0.3.9 \(pinned in requirements.txt\) is "
+                       rf"not listed there \(its project page lists {OLD}, {NEW}\)"):
+        bw_index.find_updates({PACKAGE: Version("0.3.9")}, url)
 
 
 def test_an_unreachable_index_is_an_error_not_nothing_new():
@@ -120,7 +130,7 @@ def test_an_unreachable_index_is_an_error_not_nothing_new():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(PipelineError, match="could not be reached"):
-        beta_watch.index_versions(PACKAGE, f"http://127.0.0.1:{port}/simple")
+        bw_index.index_versions(PACKAGE, f"http://127.0.0.1:{port}/simple")
 
 
 def _pins(path: Path) -> list[str]:
@@ -138,7 +148,7 @@ def test_bump_moves_requirements_and_every_env_together(tmp_path):
     shutil.copytree(ROOT / "envs", tmp_path / "envs")
     before = {p: p.read_text() for p in [tmp_path / "requirements.txt", *tmp_path.glob("envs/*.yaml")]}
     updates = {"coreai-core": (Version("1.0.0b3"), Version("1.0.0b4")), PACKAGE: (Version(OLD), Version(NEW))}
-    files = beta_watch.bump_pins(tmp_path, updates)
+    files = bw_pins.bump_pins(tmp_path, updates)
     assert sorted(files) == sorted(before) and len(files) >= 3
     reqs = _pins(tmp_path / "requirements.txt")
     assert "coreai-core==1.0.0b4" in reqs and f"{PACKAGE}=={NEW}" in reqs and "coreai-torch==0.4.3" in reqs
@@ -149,7 +159,7 @@ def test_bump_moves_requirements_and_every_env_together(tmp_path):
     env = next(tmp_path.glob("envs/*.yaml"))
     env.write_text(env.read_text().replace("coreai-torch==0.4.3", "coreai-torch==0.4.2"))
     with pytest.raises(PipelineError, match=rf"{env.name}: no line\(s\) pin coreai-torch==0.4.3"):
-        beta_watch.bump_pins(tmp_path, {"coreai-torch": (Version("0.4.3"), Version("0.5.0"))})
+        bw_pins.bump_pins(tmp_path, {"coreai-torch": (Version("0.4.3"), Version("0.5.0"))})
 
 
 def _gate(agree, counted, dlogits, ok=True):
@@ -158,28 +168,28 @@ def _gate(agree, counted, dlogits, ok=True):
 
 
 def test_regression_limits():
-    limits = beta_watch.DEFAULTS["limits"]
-    assert beta_watch.regressions(_gate(32, 32, 0.35), _gate(32, 32, 0.35), limits) == []
-    assert beta_watch.regressions(_gate(32, 32, 0.35), _gate(32, 32, 0.69), limits) == []  # x1.97 < x2
-    assert beta_watch.regressions(_gate(32, 32, 2.3e-5), _gate(32, 32, 1.9e-4), limits) == []  # under 2 x floor
-    grew = beta_watch.regressions(_gate(32, 32, 0.35), _gate(32, 32, 0.71), limits)
+    limits = settings.DEFAULTS["limits"]
+    assert assess.regressions(_gate(32, 32, 0.35), _gate(32, 32, 0.35), limits) == []
+    assert assess.regressions(_gate(32, 32, 0.35), _gate(32, 32, 0.69), limits) == []  # x1.97 < x2
+    assert assess.regressions(_gate(32, 32, 2.3e-5), _gate(32, 32, 1.9e-4), limits) == []  # under 2 x floor
+    grew = assess.regressions(_gate(32, 32, 0.35), _gate(32, 32, 0.71), limits)
     assert len(grew) == 1 and grew[0].startswith("max|dlogits| grew 0.35 -> 0.71 (x2.0")
-    dropped = beta_watch.regressions(_gate(32, 32, 0.35), _gate(31, 32, 0.35), limits)
+    dropped = assess.regressions(_gate(32, 32, 0.35), _gate(31, 32, 0.35), limits)
     assert dropped == ["top-1 agreement dropped 32/32 -> 31/32 (limit: a drop of 0)"]
-    assert beta_watch.regressions(_gate(31, 32, 0.35), _gate(31, 32, 0.35), limits) == []
-    failed = beta_watch.regressions(_gate(32, 32, 0.35), _gate(20, 32, 5.0, ok=False), limits)
+    assert assess.regressions(_gate(31, 32, 0.35), _gate(31, 32, 0.35), limits) == []
+    failed = assess.regressions(_gate(32, 32, 0.35), _gate(20, 32, 5.0, ok=False), limits)
     assert failed == ["gate failed: top-1 agreement 20/32 is below 1.0"]
-    loose = beta_watch.settings({"beta_watch": {"limits": {"max_agree_drop": 0.05}}}, ["max_dlogits_factor=3"])
+    loose = settings.settings({"beta_watch": {"limits": {"max_agree_drop": 0.05}}}, ["max_dlogits_factor=3"])
     assert loose["limits"] == {**limits, "max_agree_drop": 0.05, "max_dlogits_factor": 3.0}
-    assert beta_watch.regressions(_gate(32, 32, 0.35), _gate(31, 32, 0.9), loose["limits"]) == []
+    assert assess.regressions(_gate(32, 32, 0.35), _gate(31, 32, 0.9), loose["limits"]) == []
     with pytest.raises(PipelineError, match="--limits"):
-        beta_watch.settings({}, ["max_dlogits=3"])
+        settings.settings({}, ["max_dlogits=3"])
 
 
 def test_the_beta_venv_runs_the_new_wheel_on_the_current_torch(index, tmp_path):
     url, _ = index
     updates = {PACKAGE: (Version(OLD), Version(NEW))}
-    env = beta_watch.prepare_env(tmp_path / "venv", tmp_path, updates, url)  # verifies itself, too
+    env = venv.prepare_env(tmp_path / "venv", tmp_path, updates, url)  # verifies itself, too
     probe = ("import importlib.metadata as md, coreai_opt, torch, json; print(json.dumps([md.version('coreai-opt'), "
              "coreai_opt.__file__, torch.__file__, md.version('torch')]))")
     got = json.loads(subprocess.run([tmp_path / "venv/bin/python", "-c", probe], env=env, capture_output=True,
@@ -189,7 +199,7 @@ def test_the_beta_venv_runs_the_new_wheel_on_the_current_torch(index, tmp_path):
     assert got[0] == NEW and got[1].startswith(str(tmp_path / "venv"))
     assert got[2] == torch.__file__ and got[3] == importlib.metadata.version("torch")  # not reinstalled
     assert importlib.metadata.version(PACKAGE) == OLD  # the current venv is untouched
-    assert not any(k in env for k in beta_watch.TOKEN_VARS)
+    assert not any(k in env for k in venv.TOKEN_VARS)
 
 
 def test_the_workflow_passes_actionlint():
@@ -297,11 +307,11 @@ def test_apply_rebuilds_exactly_the_toolchain_stages_and_reports(index, tiny_res
 
     # a worse bundle on the new side: a regression, exit 1, and the report says why
     _degrade(tree)
-    jobs = [beta_watch.Job.from_json(j) for j in report["jobs"]["executed"]]
-    monkeypatch.setattr(beta_watch, "rebuild", lambda *a, **k: beta_watch.Rebuild(tree, jobs, sorted(jobs), [], 0, 1.0))
+    jobs = [jobs.Job.from_json(j) for j in report["jobs"]["executed"]]
+    monkeypatch.setattr(cli, "rebuild", lambda *a, **k: rebuild.Rebuild(tree, jobs, sorted(jobs), [], 0, 1.0))
     monkeypatch.chdir(repo)
     capsys.readouterr()
-    assert beta_watch.main(["--index-url", url, "--apply"]) == 1
+    assert cli.main(["--index-url", url, "--apply"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {repo}/reports/beta-{PACKAGE}-{NEW}.md: REGRESSION"), err
     assert f"rwkv7-tiny/{RECIPE}: " in err[0] and "max|dlogits| grew" in err[0] and "fix: do not adopt" in err[0]
@@ -325,9 +335,9 @@ def test_a_full_disk_while_installing_the_beta_says_so_and_names_where(tmp_path,
                                                             "[Errno 28] No space left on device")
         return real(cmd, *args, **kwargs)
 
-    monkeypatch.setattr(beta_watch.subprocess, "run", run)
+    monkeypatch.setattr(venv.subprocess, "run", run)
     with pytest.raises(PipelineError) as err:
-        beta_watch.prepare_env(tmp_path / "venv", tmp_path, {"coreai-opt": (Version("0.4.0"), Version("0.4.1b1"))},
+        venv.prepare_env(tmp_path / "venv", tmp_path, {"coreai-opt": (Version("0.4.0"), Version("0.4.1b1"))},
                                "http://127.0.0.1:1/simple")
     line = str(err.value)
     assert str(tmp_path / "venv") in line and "No space left on device" in line

@@ -1,0 +1,64 @@
+"""The report of a rebuild: ``reports/beta-<versions>.md`` (for people) and ``.json`` (for CI)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recurrent_coreai.tools.beta_watch.pins import Updates
+
+REPORTS = "reports"
+
+
+def versions_tag(updates: Updates) -> str:
+    """``coreai-opt-0.4.1b1`` (joined with ``_``): names the report and the rebuild's log."""
+    return "_".join(f"{p}-{new}" for p, (_, new) in sorted(updates.items()))
+
+
+def fmt(value, spec: str = ".3g", none: str = "–") -> str:
+    return none if value is None else format(value, spec)
+
+
+def digests(old: str | None, new: str | None) -> str:
+    short = [f"`{d[:12]}`" if d else "–" for d in (old, new)]
+    return f"{short[1]} (unchanged)" if old and old == new else " → ".join(short)
+
+
+def render_markdown(report: dict) -> str:
+    ups = ", ".join(f"{p} {u['old']} → {u['new']}" for p, u in report["updates"].items())
+    lines = [f"# Core AI beta rebuild: {ups}", "",
+             f"**{report['verdict']}** — limits: " + ", ".join(f"{k} {v:g}" for k, v in report["limits"].items()),
+             "", f"Index: {report['index_url'] or 'pip default'}; rebuilt in {report['rebuild_seconds']:.0f} s "
+             f"({len(report['jobs']['executed'])} jobs).", "",
+             "| model | recipe | gate | top-1 agreed/counted | max abs Δlogits | mean KL | bundle MB | export s | "
+             "export peak RSS MB | bundle sha256 |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in report["recipes"]:
+        o, n = row["old"], row["new"]
+
+        def pair(key, spec=".3g"):
+            return f"{fmt(o[key], spec)} → {fmt(n[key], spec)}"
+
+        gate = f"{'PASS' if o['pass'] else 'FAIL'} → {'PASS' if n['pass'] else 'FAIL'}"
+        agree = f"{o['agree_counted']}/{o['counted']} → {n['agree_counted']}/{n['counted']}"
+        mb = f"{fmt(o['size_bytes'] and o['size_bytes'] / 1e6, '.1f')} → {fmt(n['size_bytes'] and n['size_bytes'] / 1e6, '.1f')}"
+        lines.append(f"| {row['model']} | {row['recipe']} | {gate} | {agree} | {pair('max_abs_dlogits')} | "
+                     f"{pair('mean_kl', '.2g')} | {mb} | {pair('export_seconds', '.1f')} | "
+                     f"{pair('export_peak_rss_mb', '.0f')} | {digests(o['bundle_sha256'], n['bundle_sha256'])} |")
+    lines += ["", "## Regressions", ""]
+    lines += [f"- {r}" for r in report["regressions"]] or ["None beyond the limits."]
+    lines += ["", "## Jobs", "", "Planned (`snakemake -n --forcerun toolchain publish` on the baseline) and run "
+              "in the worktree:", ""] + [f"- {line}" for line in report["jobs"]["summary"]]
+    if report["jobs"]["failed"]:
+        lines += ["", "Failed: " + ", ".join(report["jobs"]["failed"])]
+    lines += ["", "## Toolchain", "", "| package | old | new |", "|---|---|---|"]
+    old_tc, new_tc = report["toolchain"]["old"], report["toolchain"]["new"]
+    lines += [f"| {k} | {old_tc.get(k, '–')} | {new_tc.get(k, '–')} |" for k in sorted(set(old_tc) | set(new_tc))]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(reports: Path, report: dict) -> Path:
+    from recurrent_coreai.util.fsutil import write_json_atomic, write_text_atomic
+
+    base = reports / f"beta-{report['tag']}"
+    write_json_atomic(f"{base}.json", report)
+    write_text_atomic(f"{base}.md", render_markdown(report))
+    return Path(f"{base}.md")
