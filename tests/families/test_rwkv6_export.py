@@ -22,7 +22,7 @@ from recurrent_coreai.families.rwkv6.geometry import Geometry
 FAM = get("rwkv6")
 G = Geometry(layers=2, hidden=128, ffn=448, vocab=512, mix_lora=16, decay_lora=32)
 STATES = tuple(s.name for s in FAM.state_specs(G))
-TOKENS = torch.randint(0, G.vocab, (300,), generator=torch.Generator().manual_seed(9)).tolist()
+TOKENS = torch.randint(0, G.vocab, (400,), generator=torch.Generator().manual_seed(9)).tolist()
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def prefill_vs_decode(weights, T, dtype, n_chunks=1, warm=5):
 
 
 @pytest.mark.parametrize("decays", ["synthetic", "strong"])
-@pytest.mark.parametrize("T,n_chunks", [(1, 1), (7, 1), (16, 1), (64, 1), (64, 2), (16, 3)])
+@pytest.mark.parametrize("T,n_chunks", [(1, 1), (7, 1), (16, 1), (64, 1), (64, 2), (16, 3), (128, 1)])
 def test_prefill_equals_decode(sd, T, n_chunks, decays):
     w = sd if decays == "synthetic" else strong(sd)
     d32 = prefill_vs_decode(w, T, torch.float32, n_chunks)
