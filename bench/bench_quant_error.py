@@ -73,7 +73,7 @@ def selected(names, include: list[str], exclude: list[str], layers: set[int] | N
     out = []
     for n in names:
         linear = n.removesuffix(".weight")
-        if linear == n or not quantize._matches(linear, include) or quantize._matches(linear, exclude):
+        if linear == n or not quantize.matching_pattern(linear, include) or quantize.matching_pattern(linear, exclude):
             continue
         m = re.match(r"model\.layers\.(\d+)\.", n)
         if layers is not None and (m is None or int(m.group(1)) not in layers):

@@ -1,4 +1,5 @@
-"""rwkv7-coreai: turn RWKV-7 checkpoints into verified Core AI bundles.
+"""recurrent-coreai: turn no-KV-cache recurrent language models (RWKV-7, RWKV-6, Mamba-2) into
+verified Core AI bundles.
 
 The package holds the pipeline's logic; ``scripts/`` are thin entry points that
 Snakemake (``rules/*.smk``) and DVC (``dvc.yaml``) call.
@@ -7,6 +8,7 @@ Snakemake (``rules/*.smk``) and DVC (``dvc.yaml``) call.
 import os as _os
 
 __version__ = "0.1.0"
+DISTRIBUTION = "recurrent-coreai"  # the package's distribution name (pyproject.toml)
 
 # Before anything loads coreai's Swift runtime: its dictionaries (metadata.json key order) hash
 # with a per-process seed otherwise. reproducible.py checks the loaded runtime took it.

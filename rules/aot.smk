@@ -5,8 +5,9 @@ rule aot:
     output:
         directory(str(OUT.aot("{target}", "{recipe}"))),
     params:
+        config_file=CONFIG_FILE,
         settings=settings("aot"),
-        code=CODE["aot"],
+        code=code("aot"),
     log:
         str(OUT.log("aot-{target}-{recipe}")),
     resources:
@@ -15,6 +16,6 @@ rule aot:
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/aot.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/aot.py --config-file {params.config_file} --model {wildcards.model} "
         "--recipe {wildcards.recipe} --target {wildcards.target} --export {input.export} "
         "--out {output} --log {log}"

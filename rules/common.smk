@@ -5,6 +5,7 @@ import re
 import time
 
 from recurrent_coreai.pipeline import config as cfgmod
+from recurrent_coreai import families
 from recurrent_coreai.pipeline import fingerprint
 from recurrent_coreai.coreai import toolchain
 from recurrent_coreai.pipeline import resources as sizing  # cluster resources from the model's size
@@ -19,8 +20,9 @@ ORIGINS += ["--config"] if workflow.config_settings.config else []
 CONFIG_FILE = exit_on_error(
     lambda: cfgmod.write_effective(cfgmod.validate(config, " + ".join(ORIGINS)), ORIGINS, STATE_DIR)
 )
-# content digest of the code each stage runs (its module and imports): a change reruns that stage
-CODE = {rule: fingerprint.digest(rule) for rule in fingerprint.ENTRY}
+# content digest of the code each stage runs (its module and imports, and its model's family folder):
+# a change reruns that stage, for the models of that family only
+CODE = {}
 RES = config["results"]
 OUT = Layout(RES, "{model}")  # output path patterns, wildcards left in
 MODELS = cfgmod.models_to_build(config)
@@ -30,6 +32,24 @@ wildcard_constraints:
     model="|".join(map(re.escape, config["models"])),
     recipe="|".join(map(re.escape, config["recipes"])),
     target="|".join(map(re.escape, config["targets"])),
+
+
+def family_of(model):
+    """The model's family (recurrent_coreai.families registry)."""
+    return families.get(config["models"][model]["family"])
+
+
+def code(rule):
+    """params: the digest of the code the rule's stage runs for this job's model (fingerprint.py)."""
+
+    def digest(w):
+        family = config["models"][w.model]["family"] if "model" in w.keys() else None
+        key = (rule, family)
+        if key not in CODE:
+            CODE[key] = fingerprint.digest(rule, family)
+        return CODE[key]
+
+    return digest
 
 
 def settings(stage):

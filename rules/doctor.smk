@@ -1,4 +1,4 @@
-from recurrent_coreai.stages.doctor import SOURCES as DOCTOR_SOURCES, doctor_json
+from recurrent_coreai.stages.doctor import doctor_json
 
 
 rule doctor:
@@ -6,14 +6,15 @@ rule doctor:
     # checkpoint and the recipe's bundle. A fatal/silent finding fails the build (exit 2, one
     # line); the JSON (every target's report) lands beside the gate result.
     input:
-        sources=DOCTOR_SOURCES,
+        sources=lambda w: list(family_of(w.model).export_sources),
         checkpoint=str(OUT.source),
         export=str(OUT.export("{recipe}")),
     output:
         str(doctor_json(OUT, "{recipe}")),
     params:
+        config_file=CONFIG_FILE,
         settings=settings("doctor"),
-        code=CODE["doctor"],
+        code=code("doctor"),
     log:
         str(OUT.log("doctor-{recipe}")),
     resources:
@@ -21,6 +22,6 @@ rule doctor:
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/doctor.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/doctor.py --config-file {params.config_file} --model {wildcards.model} "
         "--recipe {wildcards.recipe} --sources {input.sources} --checkpoint {input.checkpoint} "
         "--export {input.export} --out {output} --log {log}"

@@ -10,8 +10,9 @@ rule gate:
         json=str(OUT.gate_json("{recipe}")),
         tsv=str(OUT.gate_tsv("{recipe}")),
     params:
+        config_file=CONFIG_FILE,
         settings=settings("gate"),
-        code=CODE["gate"],
+        code=code("gate"),
     log:
         str(OUT.log("gate-{recipe}")),
     threads: sizing.gate_threads(config)  # the gate's processes (1 below 0.5 B parameters)
@@ -20,6 +21,6 @@ rule gate:
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/gate.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/gate.py --config-file {params.config_file} --model {wildcards.model} "
         "--recipe {wildcards.recipe} --export {input.export} --aot {input.aot} "
         "--reference {input.reference} --json {output.json} --tsv {output.tsv} --log {log}"

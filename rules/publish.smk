@@ -8,14 +8,15 @@ rule stage_and_push:
     output:
         directory(str(OUT.publish)),
     params:
+        config_file=CONFIG_FILE,
         settings=settings("stage_and_push"),
-        code=CODE["stage_and_push"],
+        code=code("stage_and_push"),
     log:
         str(OUT.log("publish")),
     conda:
         "../envs/hub.yaml"
     shell:
-        "python scripts/publish.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/publish.py --config-file {params.config_file} --model {wildcards.model} "
         "--source {input.source} --card {input.card} --vocab {input.vocab} "
         "--toolchain {input.toolchain} --exports {input.exports} --gates {input.gates} "
         "--aots {input.aots} --out {output} --log {log}"

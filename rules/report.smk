@@ -13,9 +13,10 @@ rule report:
     output:
         str(report_path(OUT)),
     params:
+        config_file=CONFIG_FILE,
         logs=lambda w: stage_inputs(report_inputs, w)["logs"],
         settings=settings("report"),
-        code=CODE["report"],
+        code=code("report"),
     log:
         str(OUT.log("report")),
     resources:
@@ -23,6 +24,6 @@ rule report:
     conda:
         "../envs/hub.yaml"
     shell:
-        "python scripts/report.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/report.py --config-file {params.config_file} --model {wildcards.model} "
         "--gates {input.gates} --tsvs {input.tsvs} --exports {input.exports} --logs {params.logs} "
         "--doctors {input.doctors} --card {input.card} --out {output} --log {log}"

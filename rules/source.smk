@@ -7,8 +7,9 @@ rule toolchain:
     output:
         str(OUT.toolchain),
     params:
+        config_file=CONFIG_FILE,
         record=json.dumps(toolchain.record(), sort_keys=True),
-        code=CODE["toolchain"],
+        code=code("toolchain"),
     log:
         f"{RES}/logs/toolchain.log",
     resources:
@@ -16,19 +17,20 @@ rule toolchain:
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/toolchain.py --config-file {CONFIG_FILE} --out {output} --log {log}"
+        "python scripts/toolchain.py --config-file {params.config_file} --out {output} --log {log}"
 
 
 rule source:
     output:
         directory(str(OUT.source)),
     params:
+        config_file=CONFIG_FILE,
         settings=settings("source"),
-        code=CODE["source"],
+        code=code("source"),
     log:
         str(OUT.log("source")),
     conda:
         "../envs/hub.yaml"
     shell:
-        "python scripts/source.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/source.py --config-file {params.config_file} --model {wildcards.model} "
         "--out {output} --log {log}"

@@ -2,10 +2,11 @@ rule vocab:
     input:
         source=str(OUT.source),
     output:
-        str(OUT.vocab),
+        directory(str(OUT.vocab)),
     params:
+        config_file=CONFIG_FILE,
         settings=settings("vocab"),
-        code=CODE["vocab"],
+        code=code("vocab"),
     log:
         str(OUT.log("vocab")),
     resources:
@@ -13,5 +14,5 @@ rule vocab:
     conda:
         "../envs/hub.yaml"
     shell:
-        "python scripts/vocab.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/vocab.py --config-file {params.config_file} --model {wildcards.model} "
         "--source {input.source} --out {output} --log {log}"

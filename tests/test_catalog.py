@@ -117,5 +117,5 @@ def test_no_entry_without_a_commit(tmp_path):
 
 def test_a_repo_the_catalog_lists_keeps_its_id():
     """The shipped 1.5B publishes to the repo the catalog already lists: its entries update that one."""
-    assert catalog._existing_artifact_id("mlboydaisuke", "RWKV7-Goose-1.5B-CoreAI") == "rwkv7-goose-1-5b"
-    assert catalog._existing_artifact_id("tester", "RWKV7-Tiny-CoreAI") is None
+    assert catalog.existing_artifact_id("mlboydaisuke", "RWKV7-Goose-1.5B-CoreAI") == "rwkv7-goose-1-5b"
+    assert catalog.existing_artifact_id("tester", "RWKV7-Tiny-CoreAI") is None

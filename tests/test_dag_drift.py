@@ -22,8 +22,8 @@ def test_committed_dvc_yaml_is_generated_from_the_snakefile(repo_root, jobs):
         "dvc.yaml is stale: run `python scripts/gen_dvc.py` and commit it"
 
 
-def test_dvc_parses_the_same_stages(repo_root, jobs):
-    assert dag.drift(jobs, dag.dvc_index(repo_root)) == []
+def test_dvc_parses_the_same_stages(repo_root, jobs, cfg):
+    assert dag.drift(jobs, dag.dvc_index(repo_root), cfg) == []
 
 
 def test_every_stage_kind_is_present(jobs):
@@ -55,11 +55,11 @@ def _index_from(jobs):
     (lambda ix: ix["gate-rwkv7-tiny-fp32"]["deps"].pop(), "stage gate-rwkv7-tiny-fp32: deps"),
     (lambda ix: ix["card-rwkv7-tiny"].__setitem__("outs", ["elsewhere.md"]), "stage card-rwkv7-tiny: outs"),
 ])
-def test_drift_is_detected(jobs, damage, needle):
+def test_drift_is_detected(jobs, damage, needle, cfg):
     index = copy.deepcopy(_index_from(jobs))
-    assert dag.drift(jobs, index) == []
+    assert dag.drift(jobs, index, cfg) == []
     damage(index)
-    assert any(needle in p for p in dag.drift(jobs, index))
+    assert any(needle in p for p in dag.drift(jobs, index, cfg))
 
 
 def test_a_param_key_config_yaml_lacks_is_not_given_to_dvc():

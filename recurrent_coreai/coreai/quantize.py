@@ -17,7 +17,21 @@ from torch import nn
 from recurrent_coreai.util.errors import PipelineError
 
 
-def _matches(name: str, patterns: Iterable[str]) -> str | None:
+def resolve_roles(q: dict, roles: dict[str, str], recipe_name: str = "?") -> dict:
+    """The recipe's ``quantize`` with its ``roles`` (``mlp``, ``lm_head``, … : families.base.ROLES)
+    turned into the family's patterns, ahead of any raw ``include`` patterns; unchanged without roles."""
+    if not q.get("roles"):
+        return q
+    unknown = [r for r in q["roles"] if r not in roles]
+    if unknown:
+        raise PipelineError(f"recipe {recipe_name}", f"quantize.roles names {unknown[0]!r}, which this model's family "
+                            f"does not define (it has {', '.join(sorted(roles))})",
+                            f"fix recipes/{recipe_name}/quantize/roles")
+    return {**q, "include": [roles[r] for r in q["roles"]] + list(q.get("include", []))}
+
+
+def matching_pattern(name: str, patterns: Iterable[str]) -> str | None:
+    """The first pattern that matches ``name`` in full (``re.fullmatch``), or None."""
     for p in patterns:
         if re.fullmatch(p, name):
             return p
@@ -32,7 +46,7 @@ def plan(module: nn.Module, q: dict, dtype_name: str) -> list[dict]:
         if not isinstance(mod, nn.Linear):
             continue
         row = {"layer": name, "shape": list(mod.weight.shape)}
-        inc, exc = _matches(name, q["include"]), _matches(name, q.get("exclude", []))
+        inc, exc = matching_pattern(name, q["include"]), matching_pattern(name, q.get("exclude", []))
         if inc is None:
             row.update(action=kept, reason="not matched by include")
         elif exc is not None:

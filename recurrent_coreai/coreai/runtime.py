@@ -19,8 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recurrent_coreai.families.rwkv7.chunked import split_prompt
-from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, STATE_NAMES, by_role, bundle_functions
+from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, by_role, bundle_functions, split_prompt
 from recurrent_coreai.util.errors import PipelineError
 
 
@@ -93,7 +92,7 @@ class DecodeSession:
         self.reset()
 
     def reset(self) -> None:
-        self.states = {n: self._rt.NDArray(np.zeros(self.state_shapes[n], self.state_dtype)) for n in STATE_NAMES}
+        self.states = {n: self._rt.NDArray(np.zeros(self.state_shapes[n], self.state_dtype)) for n in self.state_shapes}
 
     def _call(self, fn, tokens) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int32).reshape(1, -1)

@@ -106,6 +106,35 @@ class Reference(abc.ABC):
         return out
 
 
+def shape_to(geometry_type: type, family: "Family", shape: Any, where: str | Path,
+             extra_check: Callable[[Any, Any], None] | None = None, optional: Mapping[str, Any] | None = None):
+    """config.yaml's ``source.shape`` -> the family's geometry: exactly ``family.shape_keys`` (plus
+    ``optional`` ones), each a positive integer, then ``Geometry.check`` and ``extra_check``.
+    Each problem is one line naming the key."""
+    from recurrent_coreai.util.errors import PipelineError
+
+    fix = f"give source.shape exactly the keys {', '.join(family.shape_keys)} (family {family.name})"
+    if not isinstance(shape, Mapping):
+        raise PipelineError(where, f"source.shape is a {type(shape).__name__}, not a mapping", fix)
+    optional = dict(optional or {})
+    unknown = sorted(set(shape) - set(family.shape_keys) - set(optional))
+    if unknown:
+        raise PipelineError(where, f"source.shape has key {unknown[0]!r}, which family {family.name} does not know",
+                            fix)
+    missing = [k for k in family.shape_keys if k not in shape]
+    if missing:
+        raise PipelineError(where, f"source.shape lacks {missing[0]!r}", fix)
+    values = {**optional, **dict(shape)}
+    for key in family.shape_keys:
+        value = values[key]
+        if type(value) is not int or value <= 0:
+            raise PipelineError(where, f"source.shape.{key} must be a positive integer, got {value!r}", fix)
+    geom = geometry_type(**values).check(where)
+    if extra_check is not None:
+        extra_check(geom, where)
+    return geom
+
+
 EachLinear = Callable[[str, Any], Any]  # (module name, nn.Linear) -> the module to put in its place
 
 
@@ -167,16 +196,24 @@ class Family(abc.ABC):
         """Any accepted layout -> the normal form (in :meth:`normal_shapes` order); every name and
         shape checked. Works on meta tensors too (names and shapes only)."""
 
-    def normal_parts(self, layout: str, name: str, tensor: Any) -> list[tuple[str, Any]] | None:
-        """The normal-form tensors ONE stored tensor becomes, for layouts that normalise tensor by
-        tensor (renames, splits): then a checkpoint is normalised while streamed. None: this
-        layout is read whole (:meth:`normalize`)."""
-        return [(name, tensor)] if layout == self.layouts[0] else None
+    def streams(self, layout: str) -> bool:
+        """Whether ``layout`` normalises tensor by tensor (renames, splits: :meth:`normal_parts`),
+        so a checkpoint in it is normalised while streamed; otherwise it is read whole."""
+        return layout == self.layouts[0]
+
+    def normal_parts(self, layout: str, name: str, tensor: Any) -> list[tuple[str, Any]]:
+        """The normal-form tensors ONE stored tensor of a streaming layout (:meth:`streams`) becomes."""
+        return [(name, tensor)]
 
     @abc.abstractmethod
     def synthetic_tensors(self, geom: Geometry, seed: int) -> Iterator[tuple[str, Any]]:
         """Seeded random weights in the normal form, one tensor at a time, :meth:`normal_shapes`
         order; the same seed gives the same bytes."""
+
+    def write_synthetic(self, geom: Geometry, seed: int, out_dir: Path, layout: str) -> Path:
+        """The synthetic weights written in ``layout`` (:meth:`write_layout` of them all; a family may
+        stream them one tensor at a time instead, with the same bytes)."""
+        return self.write_layout(dict(self.synthetic_tensors(geom, seed)), out_dir, layout)
 
     @abc.abstractmethod
     def write_layout(self, sd: Mapping[str, Any], out_dir: Path, layout: str) -> Path:
@@ -199,6 +236,14 @@ class Family(abc.ABC):
         [1,1,V]) with state buffers named as :meth:`state_specs`, weights loaded strictly; built on
         the meta device, each weight assigned as it comes. ``each_linear(name, linear)`` is called
         once a Linear's weights are in and returns the module to put in its place (quantisation)."""
+
+    def decode_skeleton(self, geom: Geometry, dtype: Any) -> Any:
+        """The decode module on the meta device, without weights: its linear layers' names and
+        shapes are what a quantisation plan is made from (before any weight is read)."""
+        import torch
+
+        meta = ((n, torch.empty(s, device="meta")) for n, s in self.normal_shapes(geom).items())
+        return self.build_decode(meta, geom, dtype)
 
     @abc.abstractmethod
     def build_prefill(self, decode: Any, chunk: int) -> Any:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import math
 import re
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -27,14 +26,13 @@ from recurrent_coreai.coreai.entrypoints import bundle_functions
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.util.frontmatter import front_matter
 from recurrent_coreai.util.fsutil import write_text_atomic
-from recurrent_coreai.families.rwkv7.geometry import Geometry, expected_shapes
+from recurrent_coreai import DISTRIBUTION, families, tokenizers
 from recurrent_coreai.pipeline.records import EXPORT, load_json
 
 ENTRIES = "coreai-catalog.yaml"
 HUB = "https://huggingface.co"
 DTYPE = {"float32": "fp32", "float16": "fp16"}
 LICENSES_OK_COMMERCIALLY = {"apache-2.0", "mit", "bsd-3-clause", "bsd-2-clause"}
-CHAT = "token 0, then 'User: {prompt}\\n\\nAssistant:'; end of text = token 0"
 
 
 def slug(name: str) -> str:
@@ -54,7 +52,7 @@ def _installed() -> tuple[dict, tuple[dict, ...]]:
     return ids_context(root), tuple(read_yaml(root / "artifacts.yaml").get("artifacts", []) or [])
 
 
-def _existing_artifact_id(owner: str, repo: str) -> str | None:
+def existing_artifact_id(owner: str, repo: str) -> str | None:
     """The id of an artifact already hosted at ``owner/repo`` in the installed catalog, if any."""
     for art in _installed()[1]:
         hf = art.get("huggingface") or {}
@@ -70,9 +68,8 @@ def _exports(out: Path, receipt: dict) -> dict[str, dict]:
     return {r["recipe"]: r for r in records}
 
 
-def _parameters(geometry: dict) -> str:
-    g = Geometry(**geometry)
-    n = sum(math.prod(shape) for shape in expected_shapes(g).values())
+def _parameters(family, geometry: dict) -> str:
+    n = family.parameter_count(family.geometry_from_dict(geometry))
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
 
 
@@ -96,9 +93,10 @@ def _devices(targets: set[str]) -> dict:
             "mac_only": False if ios else "unknown"}
 
 
-def io_contract(exports: dict[str, dict], tokenizer_ref: str | None) -> dict:
+def io_contract(family, exports: dict[str, dict], tokenizer_ref: str | None) -> dict:
     """The functions (export.json ``functions``: name, role, inputs and outputs with shapes) and
-    the two states they share; every recipe has the same interface, only the dtype follows it."""
+    the states they share (their meanings from the model's ``family``); every recipe has the same
+    interface, only the dtype follows it."""
     first = next(iter(exports.values()))
     functions = {f["name"]: f for f in bundle_functions(first).values()}  # refuses an export.json without them
     dtypes = sorted({DTYPE.get(r["state_dtype"], r["state_dtype"]) for r in exports.values()})
@@ -107,8 +105,8 @@ def io_contract(exports: dict[str, dict], tokenizer_ref: str | None) -> dict:
                "tensor": {"shape": t["shape"], "dtype": t["dtype"]}}
               for fn, f in functions.items() for t in f["inputs"]]
     once = [fn for fn, f in functions.items() if set(f["state_writes"].values()) == {1}]
-    layouts = {"recState": "[layers, batch, heads, K, V]: per head the K x V matrix (fla orientation)",
-               "shiftState": "[layers, batch, 2, hidden]: slot 0 time-mix, slot 1 channel-mix (previous token)"}
+    layouts = {s.name: s.meaning for s in family.state_specs(family.geometry_from_dict(first["geometry"]))}
+    tok = tokenizers.kind(family.tokenizer)
     inputs += [{"name": name, "modality": "state",
                 "tensor": {"shape": list(shape), "dtype": " or ".join(dtypes) + " (the recipe's)",
                            "layout": f"{layouts.get(name, name)}; zero at the start, read and written once per "
@@ -122,8 +120,8 @@ def io_contract(exports: dict[str, dict], tokenizer_ref: str | None) -> dict:
                                        "through prefill, the rest token by token through the decode function, on the "
                                        "same two states (they mutate in place)"},
         "inputs": inputs,
-        "outputs": [{"name": f"{fn}.{t['name']}", "decoding": {"detokenization": f"RWKV World, greedy longest match "
-                                                                f"over rwkv_vocab.tsv (id TAB base64 bytes); {CHAT}"}}
+        "outputs": [{"name": f"{fn}.{t['name']}", "decoding": {"detokenization": f"{tok.DESCRIPTION}; "
+                                                                f"{tok.CHAT_DESCRIPTION}"}}
                     for fn, f in functions.items() for t in f["outputs"]],
         "session": {"stateful": True, "streaming": True},
     }
@@ -148,11 +146,13 @@ def entries(out: Path, today: dt.date | None = None) -> dict | None:
     card = front_matter(out / "README.md")
     files = {rel: v for rel, v in sorted(receipt["files"].items()) if rel != "README.md"}  # the Hub holds a merged card
     targets = {rel.split("/", 1)[0] for rel in files} - {"aimodel"}
-    vocab = next((rel for rel in files if rel.endswith("/rwkv_vocab.tsv")), None)
-    existing = _existing_artifact_id(owner, name)
+    family = families.get(receipt["family"])
+    device = set(receipt.get("tokenizer_files", []))
+    vocab = next((rel for rel in files if rel.rsplit("/", 1)[-1] in device), None)
+    existing = existing_artifact_id(owner, name)
     entry_id = existing or slug(name)
     try:
-        tool_version = version("rwkv7-coreai")
+        tool_version = version(DISTRIBUTION)
     except PackageNotFoundError:
         tool_version = "unknown"
     toolchain = receipt.get("toolchain", {})
@@ -165,17 +165,17 @@ def entries(out: Path, today: dt.date | None = None) -> dict | None:
         "huggingface": {"owner": owner, "repo": name, "url": url, "revision": commit,
                         "files": [{"path": rel, "sha256": v["sha256"], "size_bytes": v["size"]} for rel, v in files.items()]},
         "officiality": {"apple_export_recipe": False, "apple_hosted_artifact": False, "community_packaged": True},
-        "provenance": {"converted_by": {"tool": "rwkv7-coreai", "version": tool_version},
+        "provenance": {"converted_by": {"tool": DISTRIBUTION, "version": tool_version},
                        "recipe_source": "independent",
                        "format_version": f"coreai-core {toolchain.get('coreai-core', 'unknown')}"},
         "bundle_kind": "llm", "precision": precision,
     }
     model = {
-        "id": entry_id, "name": f"{receipt['model']} (Core AI, {', '.join(exports)})", "family": "RWKV",
+        "id": entry_id, "name": f"{receipt['model']} (Core AI, {', '.join(exports)})", "family": family.catalog_family,
         "source_group": "external", "source_path": f"{url}/tree/{commit}", "artifact_ref": entry_id,
         "capabilities": ["chat", "text-generation"], "modalities": {"input": ["text"], "output": ["text"]},
         "artifact": {"format": "aimodel", "availability": "available"},
-        "size": {"parameters": _parameters(first["geometry"]), "precision": precision, "quantization": quantization,
+        "size": {"parameters": _parameters(family, first["geometry"]), "precision": precision, "quantization": quantization,
                  "artifact_size": _human(sum(v["size"] for v in files.values()))},
         "runtime": {"runtime_name": "apple-core-ai", "runner": "unknown", "stock_runtime": False,
                     "custom_kernel": False, "patch_required": False, "tokenizer_required": True,
@@ -186,10 +186,10 @@ def entries(out: Path, today: dt.date | None = None) -> dict | None:
         "status": "needs_review", "maturity": "experimental", "confidence": "needs_review",
         "sources": ["rwkv-upstream"], "last_verified": (today or dt.date.today()).isoformat(),
         "architecture": "recurrent", "streaming": True, "bundle_kind": "llm",
-        "io_contract": io_contract(exports, vocab),
-        "notes": (f"RWKV-7 (x070) built by rwkv7-coreai {tool_version}: every bundle passed a teacher-forced parity "
+        "io_contract": io_contract(family, exports, vocab),
+        "notes": (f"{family.display_name} built by {DISTRIBUTION} {tool_version}: every bundle passed a teacher-forced parity "
                   f"gate against an fp32 PyTorch reference ({'; '.join(_gate_line(r, g) for r, g in receipt['gates'].items())}). "
-                  "Recurrent: two fixed-size states, no KV cache."),
+                  f"Recurrent: {len(first['states'])} fixed-size states, no KV cache."),
     }
     if card.get("base_model"):
         model["upstream_repo"] = str(card["base_model"])
@@ -232,7 +232,7 @@ def write_entries(out: Path, today: dt.date | None = None) -> Path | None:
     checked = f"coreai-catalog {version('coreai-catalog')}"
     verdict = f"valid for {checked}" if not errors else f"{len(errors)} {checked} validation error(s), listed below"
     header = (f"# coreai-catalog entries ({found['action']}, {verdict}): append `artifacts` to artifacts.yaml and\n"
-              f"# `models` to catalog.yaml of the coreai-catalog repository. Written by rwkv7-coreai after the push.\n"
+              f"# `models` to catalog.yaml of the coreai-catalog repository. Written by recurrent-coreai after the push.\n"
               + "".join(f"# error: {e}\n" for e in errors))
     body = yaml.safe_dump({"artifacts": [found["artifact"]], "models": [found["model"]]}, sort_keys=False,
                           allow_unicode=True, width=100)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+import math
 import re
 from importlib import resources
 from pathlib import Path
@@ -63,12 +65,14 @@ def validate(cfg: dict, path: str | Path | None = None) -> dict:
     if not isinstance(cfg, dict):
         raise PipelineError(where, f"the top level is a {type(cfg).__name__}, not a mapping",
                             "start from the shipped config.yaml")
+    _refuse_non_finite(cfg, where)
     errors = sorted(jsonschema.Draft202012Validator(schema()).iter_errors(cfg), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         # the deepest error of the first failing field says the most (oneOf branches nest theirs)
         first = min(errors, key=lambda e: (list(map(str, e.absolute_path))[:1], -len(e.absolute_path)))
         what, fix = _schema_error(jsonschema.exceptions.best_match([first]))
         raise PipelineError(where, what, fix)
+    _refuse_reserved_model_names(cfg, where)
     results = Path(cfg["results"])
     if results.exists() and not results.is_dir():
         raise PipelineError(where, f"results: {results} is a file, not a directory",
@@ -82,6 +86,7 @@ def validate(cfg: dict, path: str | Path | None = None) -> dict:
                     raise PipelineError(where, f"recipes/{name}/quantize/{key}: {pattern!r} is not a valid "
                                         f"regular expression ({exc})", "fix the pattern (Python re syntax, matched in full)")
     for name, model in cfg["models"].items():
+        check_family(name, model, where)
         if model.get("shipped") is not None and model["shipped"] not in model["recipes"]:
             raise PipelineError(where, f"models/{name}/shipped {model['shipped']!r} is not one of its recipes "
                                 f"{model['recipes']}", "name one of the model's recipes, or remove shipped:")
@@ -129,17 +134,41 @@ def validate(cfg: dict, path: str | Path | None = None) -> dict:
     return cfg
 
 
+def check_family(name: str, model: dict, where: str) -> None:
+    """``models.<name>.family`` is a registered family, and a synthetic source's ``shape`` and
+    ``layout`` are ones that family accepts (the family checks its own geometry)."""
+    from recurrent_coreai import families
+
+    try:
+        family = families.get(model["family"], where)
+    except PipelineError as exc:
+        raise PipelineError(where, f"models/{name}/family: {exc.what}", exc.fix) from None
+    src = model["source"]
+    if src["kind"] != "synthetic":
+        return
+    try:
+        family.geometry_from_shape(src["shape"], where)
+    except PipelineError as exc:
+        raise PipelineError(where, f"models/{name}/{exc.what}", exc.fix) from None
+    layout = src.get("layout", family.layouts[0])
+    if layout not in family.synthetic_layouts:
+        raise PipelineError(where, f"models/{name}/source/layout {layout!r} is not one family {family.name} writes",
+                            f"use one of {', '.join(family.synthetic_layouts)}")
+
+
 def read_yaml(path: str | Path) -> object:
-    """A YAML file; a syntax error names the file and the line."""
+    """A YAML file; a syntax error names the file and the line, a duplicate key both lines."""
     path = Path(path)
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except FileNotFoundError:
         raise PipelineError(path, "config file not found", "run from the repository root or pass the right path") from None
     except IsADirectoryError:
         raise PipelineError(path, "is a directory, not a config file", "pass the path of a YAML file") from None
     except UnicodeDecodeError:
         raise PipelineError(path, "is not UTF-8 text", "save the config as UTF-8 YAML") from None
+    except DuplicateKeyError as exc:
+        raise _duplicate_key(path, exc) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -229,17 +258,18 @@ def target(cfg: dict, name: str) -> dict:
 # because model names may hold dots.
 STAGE_KEYS: dict[str, list[tuple[str, ...]]] = {
     "toolchain": [],
-    "source": [("models", "{model}", "source"), ("models", "{model}", "license"), ("vocab",)],
-    "vocab": [("vocab",)],
-    "reference": [("gate", "prompts"), ("gate", "steps"), ("prefill",)],
-    "export": [("recipes", "{recipe}"), ("models", "{model}", "dir"), ("models", "{model}", "shipped"),
-               ("prefill", "chunk")],
+    "source": [("models", "{model}", "family"), ("models", "{model}", "source"), ("models", "{model}", "license"),
+               ("vocab",)],
+    "vocab": [("models", "{model}", "family"), ("vocab",)],
+    "reference": [("models", "{model}", "family"), ("gate", "prompts"), ("gate", "steps"), ("prefill",)],
+    "export": [("models", "{model}", "family"), ("recipes", "{recipe}"), ("models", "{model}", "dir"),
+               ("models", "{model}", "shipped"), ("prefill", "chunk")],
     "aot": [("targets", "{target}"), ("aot",), ("models", "{model}", "dir"), ("models", "{model}", "shipped")],
     "gate": [("gate", "prompts"), ("gate", "steps"), ("gate", "near_tie_epsilon"), ("gate", "thresholds", "{recipe}"),
              ("models", "{model}", "gate")],
     "card": [("models", "{model}"), ("recipes",), ("targets",)],
-    "stage_and_push": [("models", "{model}", k) for k in ("publish", "recipes", "targets", "dir", "shipped")],
-    "doctor": [],
+    "stage_and_push": [("models", "{model}", k) for k in ("family", "publish", "recipes", "targets", "dir", "shipped")],
+    "doctor": [("models", "{model}", "family")],
     "report": [],
 }
 _KINDS = {"models": "model", "recipes": "recipe", "targets": "target"}
@@ -291,3 +321,242 @@ def prompt_budgets(n_prompts: int, steps: int) -> list[int]:
     """Each prompt's share of ``steps`` gate steps (the first ones get the remainder)."""
     base, extra = divmod(steps, n_prompts)
     return [base + (1 if i < extra else 0) for i in range(n_prompts)]
+
+
+# --- What YAML, JSON and JSON Schema would accept silently (refused on start) -------------------
+# Kept apart from validate(), which calls _refuse_non_finite and _refuse_reserved_model_names.
+
+
+class DuplicateKeyError(yaml.MarkedYAMLError):
+    """Two equal keys in one mapping: YAML (and JSON) keep the last one without a word."""
+
+    def __init__(self, key: str, first: yaml.Mark, second: yaml.Mark):
+        super().__init__(problem=f"duplicate key {key}", problem_mark=second)
+        self.key, self.lines = key, (first.line + 1, second.line + 1)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (merge keys ``<<`` may still be
+    overridden: that is what they are for)."""
+
+    def construct_document(self, node):
+        self._unique_keys(node, (), set())
+        return super().construct_document(node)
+
+    def _unique_keys(self, node, path: tuple[str, ...], seen: set[int]) -> None:
+        if id(node) in seen:  # an alias: checked where its anchor is
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._unique_keys(item, path + (str(i),), seen)
+        elif isinstance(node, yaml.MappingNode):
+            first: dict = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    self._unique_keys(value_node, path, seen)
+                    continue
+                key = self.construct_object(key_node)
+                if key in first:
+                    raise DuplicateKeyError("/".join(path + (str(key),)), first[key].start_mark, key_node.start_mark)
+                first[key] = key_node
+                self._unique_keys(value_node, path + (str(key),), seen)
+
+
+def _duplicate_key(path: Path, exc: DuplicateKeyError) -> PipelineError:
+    return PipelineError(path, f"{exc.problem} at lines {exc.lines[0]} and {exc.lines[1]} (YAML silently keeps "
+                         "the last one)", "keep one of the two")
+
+
+class _DuplicateJsonKey(ValueError):
+    pass
+
+
+def _json_pairs(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateJsonKey(key)
+        out[key] = value
+    return out
+
+
+def _read_config_file(path: Path) -> object:
+    """A config file as Snakemake reads it (JSON first, then YAML), refusing duplicate keys."""
+    try:
+        return read_yaml(path)
+    except PipelineError as yaml_error:
+        try:
+            return json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_json_pairs)
+        except _DuplicateJsonKey as exc:
+            # which mapping holds it: JSON's pairs hook sees no path, so find it by decoding again
+            key = _json_duplicate_path(path.read_text(encoding="utf-8")) or str(exc)
+            raise PipelineError(path, f"duplicate key {key} (JSON silently keeps the last one)",
+                                "keep one of the two") from None
+        except (ValueError, OSError):
+            raise yaml_error from None
+
+
+def _json_duplicate_path(text: str) -> str | None:
+    found: list[str] = []
+
+    def walk(value, path):
+        if isinstance(value, list) and value and value[0] == _PAIRS:
+            keys = [k for k, _ in value[1]]
+            for k, v in value[1]:
+                if not found and keys.count(k) > 1:
+                    found.append("/".join(path + [k]))
+                walk(v, path + [k])
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, path + [str(i)])
+
+    walk(json.loads(text, object_pairs_hook=lambda pairs: [_PAIRS, pairs]), [])
+    return found[0] if found else None
+
+
+_PAIRS = object()
+
+
+def check_config_files(paths) -> None:
+    """Every config file of a run, read as Snakemake reads it: one line for a missing file, a
+    YAML error (file and line), a duplicate key (both lines), an empty file or a top level that
+    is not a mapping. The Snakefile runs this before Snakemake merges config.yaml."""
+    for path in map(Path, paths):
+        data = _read_config_file(path)
+        if data is None:
+            raise PipelineError(path, "is empty (no settings)", "write the settings as a YAML mapping (key: value), "
+                                "or leave the file out")
+        if not isinstance(data, dict):
+            raise PipelineError(path, f"the top level is a {type(data).__name__}, not a mapping",
+                                "write the settings as a YAML mapping (key: value), as config.yaml does")
+
+
+def _non_finite_paths(value, path: tuple[str, ...] = ()):
+    if isinstance(value, float) and not math.isfinite(value):
+        yield path
+    elif isinstance(value, dict):
+        for k, v in value.items():  # in the order written: the first one in the file is named
+            yield from _non_finite_paths(v, path + (str(k),))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _non_finite_paths(v, path + (str(i),))
+
+
+def _finite_validator(schema_: dict) -> jsonschema.protocols.Validator:
+    """The schema's validator with "number" meaning a finite number (NaN fails every bound check
+    as a comparison, so jsonschema's minimum/maximum let it through)."""
+    base = jsonschema.Draft202012Validator
+    checker = base.TYPE_CHECKER.redefine(
+        "number", lambda c, x: base.TYPE_CHECKER.is_type(x, "number") and not (isinstance(x, float) and not math.isfinite(x)))
+    return jsonschema.validators.extend(base, type_checker=checker)(schema_)
+
+
+def _type_errors(errors, path: tuple[str, ...]):
+    for e in errors:
+        if e.validator == "type" and tuple(map(str, e.absolute_path)) == path:
+            yield e
+        yield from _type_errors(e.context or (), path)
+
+
+def _show(x: float) -> str:
+    return ".nan" if x != x else (".inf" if x > 0 else "-.inf")
+
+
+def _refuse_non_finite(cfg: dict, where: str) -> None:
+    """NaN and infinities where a number is configured: a threshold of .nan passes every
+    comparison, so the check it sets is off without a word (and the gate JSON holds NaN, which
+    strict JSON parsers refuse). The fix says how to switch a check off: null where the schema
+    allows it, else the field's description."""
+    paths = list(_non_finite_paths(cfg))
+    if not paths:
+        return
+    errors = list(_finite_validator(schema()).iter_errors(cfg))
+    for path in paths:
+        value = cfg
+        for part in path:
+            value = value[int(part)] if isinstance(value, list) else value[part]
+        declared = [e for e in _type_errors(errors, path)]
+        types = [t for e in declared for t in ([e.validator_value] if isinstance(e.validator_value, str)
+                                                else e.validator_value)]
+        if declared and "number" not in types:
+            continue  # an integer or a string there: the schema's own message says so
+        desc = next((e.schema.get("description") for e in declared if e.schema.get("description")), None)
+        fix = ("write a finite number, or null to switch this check off" if "null" in types
+               else desc or "write a finite number")
+        raise PipelineError(where, f"{'/'.join(path)} is {_show(value)}, not a finite number (NaN and infinities "
+                            "pass every range check, so a check set to one is silently off)", fix)
+
+
+# A fixed name beside the model directories that Layout does not return: rules/source.smk's
+# toolchain log (results/logs/toolchain.log, beside results/logs/<model>/).
+_UNLAYOUT_PATHS = {("logs", "toolchain.log"): "is the toolchain job's log"}
+_LAYOUT_WHAT = {"toolchain": "is the toolchain record", "log": "holds every model's job logs"}
+
+
+def reserved_model_names() -> dict[str, str]:
+    """Names the results layout (paths.Layout) already uses where a model's name goes: each
+    fixed name beside a ``<model>`` path component, at the same depth under the same parent
+    (results/toolchain.json beside results/<model>/; results/logs/ beside it too, and
+    results/logs/toolchain.log beside results/logs/<model>/). Name -> "results/...: what"."""
+    import inspect
+
+    from recurrent_coreai.pipeline.paths import Layout
+
+    model = "\0model"
+    lay = Layout("results", model)
+    found: list[tuple[tuple[str, ...], str]] = []
+    for attr, member in vars(Layout).items():
+        if isinstance(member, property):
+            path = getattr(lay, attr)
+        elif inspect.isfunction(member) and not attr.startswith("_"):
+            params = list(inspect.signature(member).parameters)[1:]
+            path = member(lay, *(f"{{{p}}}" for p in params))
+        else:
+            continue
+        parts = Path(path).relative_to("results").parts
+        found.append((parts, attr))
+    found += [(k, "results/" + "/".join(k) + " " + v) for k, v in _UNLAYOUT_PATHS.items()]  # after Layout's
+    out: dict[str, str] = {}
+    for parts, attr in found:
+        if model not in parts:
+            continue
+        depth = parts.index(model)
+        for other, other_attr in found:
+            if len(other) > depth and other[:depth] == parts[:depth] and other[depth] != model:
+                name = other[depth]
+                if other_attr.startswith("results/"):  # one of _UNLAYOUT_PATHS
+                    out.setdefault(name, other_attr)
+                else:
+                    shown = "results/" + "/".join(other[:depth + 1]) + ("/" if len(other) > depth + 1 else "")
+                    out.setdefault(name, f"{shown} {_LAYOUT_WHAT.get(other_attr, f'is Layout.{other_attr}')}")
+    return out
+
+
+def _refuse_reserved_model_names(cfg: dict, where: str) -> None:
+    """A model named like a fixed name of the results layout shares its directory with that
+    (model `logs`: results/logs/ holds every model's job logs; `toolchain.json`: Snakemake's
+    ChildIOException). Compared ignoring case, as macOS's file system does; two models that
+    differ only in case share a directory there too."""
+    reserved = reserved_model_names()
+    folded = {name.casefold(): name for name in reserved}
+    names = sorted(cfg["models"])
+    for name in names:
+        clash = folded.get(name.casefold())
+        if clash is None:
+            continue
+        what = reserved[clash]
+        under = "results/" + ("logs/" if what.startswith("results/logs/") and clash != "logs" else "")
+        kind = "job logs" if under.endswith("logs/") else "outputs"
+        fix_names = ", ".join(n for n in sorted(reserved) if not reserved[n].startswith("results/logs/" + n))
+        inner = ", ".join(n for n in sorted(reserved) if reserved[n].startswith("results/logs/" + n))
+        raise PipelineError(where, f"models/{name}: the name is taken: {what}, and this model's {kind} would go "
+                            f"to {under}{name.casefold() if clash != name else name}/",
+                            f"rename the model (names the results layout uses: {fix_names}"
+                            + (f", and {inner} for the logs" if inner else "") + "; compared ignoring case)")
+    seen: dict[str, str] = {}
+    for name in names:
+        other = seen.setdefault(name.casefold(), name)
+        if other != name:
+            raise PipelineError(where, f"models/{other} and models/{name} differ only in case: on a case-insensitive "
+                                f"file system (macOS) they share results/{name.casefold()}/", "rename one of them")

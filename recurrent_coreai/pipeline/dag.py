@@ -80,7 +80,8 @@ def dvc_stages(jobs: list[dict], cfg: dict) -> dict:
             continue
         w = job["wildcards"]
         stage = {"cmd": " ".join(job["cmd"].split()), "deps": list(job["deps"])}
-        stage["deps"] += code_files(job["rule"])  # Snakemake sees the same through params: code
+        # Snakemake sees the same through params: code
+        stage["deps"] += [f for f in code_files(job["rule"], family_of(job, cfg)) if f not in stage["deps"]]
         params = param_keys(job["rule"], w, cfg)
         if params:
             stage["params"] = [{DEFAULT_FILE: params}]
@@ -118,7 +119,13 @@ def dvc_index(workdir: str | Path = ".") -> dict[str, dict]:
         return out
 
 
-def drift(jobs: list[dict], index: dict[str, dict]) -> list[str]:
+def family_of(job: dict, cfg: dict) -> str | None:
+    """The family of the job's model (None for a job without a model, e.g. toolchain)."""
+    model = job["wildcards"].get("model")
+    return cfg["models"][model]["family"] if model is not None else None
+
+
+def drift(jobs: list[dict], index: dict[str, dict], cfg: dict) -> list[str]:
     """Differences between Snakemake's jobs and DVC's stages (empty = in agreement)."""
     problems = []
     want = {stage_name(j): j for j in jobs if j["cmd"] is not None}
@@ -130,7 +137,7 @@ def drift(jobs: list[dict], index: dict[str, dict]) -> list[str]:
         job, st = want[name], index[name]
         if " ".join(job["cmd"].split()) != " ".join(str(st["cmd"]).split()):
             problems.append(f"stage {name}: cmd differs")
-        deps = sorted(job["deps"] + code_files(job["rule"]))
+        deps = sorted(set(job["deps"] + code_files(job["rule"], family_of(job, cfg))))
         if deps != sorted(st["deps"]):
             problems.append(f"stage {name}: deps {st['deps']} != inputs {deps}")
         if sorted(job["outs"]) != st["outs"]:

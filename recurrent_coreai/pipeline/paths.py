@@ -6,8 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 STATE_DIR = ".snakemake/rwkv7"  # effective configs written by the Snakefile
-WEIGHT_FILE = "model.safetensors"  # the normalised checkpoint every stage after `source` reads
-VOCAB_TSV = "rwkv_vocab.tsv"  # the device vocab, published beside every compiled bundle
 
 
 class Layout:
@@ -16,7 +14,7 @@ class Layout:
         self.base = self.root / model
 
     source = property(lambda s: s.base / "source")
-    vocab = property(lambda s: s.base / "vocab" / VOCAB_TSV)
+    vocab = property(lambda s: s.base / "vocab")  # the tokenizer files a device app needs
     reference = property(lambda s: s.base / "reference" / "stream.npz")
     card = property(lambda s: s.base / "card" / "README.md")
     publish = property(lambda s: s.base / "publish")

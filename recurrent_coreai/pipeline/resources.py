@@ -27,7 +27,7 @@ import math
 from pathlib import Path
 from typing import Callable
 
-from recurrent_coreai.families.rwkv7.geometry import Geometry, expected_shapes
+from recurrent_coreai import families
 from recurrent_coreai.pipeline.records import EXPORT, MANIFEST, load_json
 
 NAMES = ("mem_mb", "runtime", "cpus_per_task")
@@ -58,18 +58,15 @@ FLAT = {"toolchain": (500, 5), "vocab": (1000, 10), "card": (1000, 10), "doctor"
 SIZED = tuple(MEMORY)
 
 
-def parameters(g: Geometry) -> int:
-    """Number of weights of the fla layout (every tensor ``expected_shapes`` lists)."""
-    return sum(math.prod(shape) for shape in expected_shapes(g).values())
-
-
-def geometry_of(record_dir: str | Path) -> Geometry:
-    """The geometry a stage recorded in ``record_dir`` (``manifest.json`` or ``export.json``).
-    Missing -> FileNotFoundError naming ``record_dir`` (Snakemake's cue for ``<TBD>``)."""
+def parameters_recorded(family: str, record_dir: str | Path) -> int:
+    """The parameter count (the family's) of the geometry a stage recorded in ``record_dir``
+    (``manifest.json`` or ``export.json``). Missing -> FileNotFoundError naming ``record_dir``
+    (Snakemake's cue for ``<TBD>``)."""
     record_dir = Path(record_dir)
+    fam = families.get(family)
     for name in (MANIFEST, EXPORT):
         if (record_dir / name).is_file():
-            return Geometry(**load_json(record_dir / name)["geometry"])
+            return fam.parameter_count(fam.geometry_from_dict(load_json(record_dir / name)["geometry"]))
     raise FileNotFoundError(errno.ENOENT, "no manifest.json or export.json yet", str(record_dir))
 
 
@@ -78,8 +75,9 @@ def cpus_for(params: int) -> int:
     return next(c for limit, c in ((0.5e9, 1), (1e9, 2), (2e9, 4), (math.inf, 8)) if params < limit)
 
 
-def estimate(rule: str, g: Geometry | None = None, dtype: str = "float32", steps: int = 1, attempt: int = 1) -> dict:
-    """``{mem_mb, runtime, cpus_per_task}`` of one job of ``rule``. ``g`` is required for the
+def estimate(rule: str, params: int | None = None, dtype: str = "float32", steps: int = 1, attempt: int = 1) -> dict:
+    """``{mem_mb, runtime, cpus_per_task}`` of one job of ``rule``. ``params`` (the parameter
+    count) is required for the
     rules whose needs grow with the model (``SIZED``); ``dtype`` is the recipe's, ``steps`` the
     gate's (reference and gate run one model step per token)."""
     grow = 1 + RETRY_GROWTH * (max(attempt, 1) - 1)
@@ -88,7 +86,6 @@ def estimate(rule: str, g: Geometry | None = None, dtype: str = "float32", steps
     if rule not in SIZED:
         mem, minutes = FLAT[rule]
         return {"mem_mb": int(mem * grow), "runtime": minutes, "cpus_per_task": 1}
-    params = parameters(g)
     base, per_byte, weights = MEMORY[rule]
     weight_bytes = params * (4 if weights == "fp32" else DTYPE_BYTES[dtype])
     mem = (base + per_byte * weight_bytes / 1e6) * HEADROOM * grow
@@ -106,9 +103,9 @@ def for_rule(rule: str, config: dict, record: str | None = None) -> dict[str, Ca
 
     def one(name: str) -> Callable:
         def value(wildcards, input, attempt, threads):  # noqa: A002 - Snakemake passes these by name
-            g = geometry_of(input[record]) if record else None
+            n = parameters_recorded(config["models"][wildcards.model]["family"], input[record]) if record else None
             recipe = config["recipes"].get(wildcards.get("recipe"), {})
-            need = estimate(rule, g, dtype=recipe.get("dtype", "float32"), steps=config["gate"]["steps"],
+            need = estimate(rule, n, dtype=recipe.get("dtype", "float32"), steps=config["gate"]["steps"],
                             attempt=attempt)
             if rule == "gate" and name == "mem_mb":  # each of its processes holds the bundle
                 return need[name] * threads
@@ -128,7 +125,11 @@ def gate_threads(config: dict) -> Callable:
     ``--cores``; the stage runs as many processes as it is granted (gate.workers_granted)."""
 
     def value(wildcards):
-        shape = config["models"][wildcards.model]["source"].get("shape")
-        return cpus_for(parameters(Geometry(**shape))) if shape else MAX_GATE_THREADS
+        model = config["models"][wildcards.model]
+        shape = model["source"].get("shape")
+        if not shape:
+            return MAX_GATE_THREADS
+        fam = families.get(model["family"])
+        return cpus_for(fam.parameter_count(fam.geometry_from_shape(shape, "config.yaml")))
 
     return value

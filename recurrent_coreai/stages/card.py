@@ -15,16 +15,17 @@ from pathlib import Path
 import jinja2
 import yaml
 
+from recurrent_coreai import families, tokenizers
 from recurrent_coreai.pipeline import stage
 from recurrent_coreai.pipeline.config import origin
 from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_functions
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.frontmatter import FRONT, front_matter
-from recurrent_coreai.pipeline.paths import WEIGHT_FILE
+from recurrent_coreai.util.safetensors_stream import WEIGHT_FILE
 from recurrent_coreai.pipeline.records import EXPORT, by_recipe, load_json, read_manifest
 
 BLOCK = re.compile(r"<!-- (?P<name>[\w-]+) begin -->\r?\n(?P<body>.*?)<!-- (?P=name) end -->", re.S)
-TAGS = ["coreai", "rwkv7", "rwkv", "linear-attention", "no-kv-cache", "text-generation"]
+TAGS = ("coreai", "no-kv-cache", "text-generation")  # beside the family's own tags
 TARGET_SUFFIX = {"linux": (".aimodelx", "Linux lowering for the Core AI runtime")}
 
 
@@ -97,7 +98,7 @@ def _size(n: int) -> str:
 
 
 def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dict], gates: dict[str, dict],
-            source_dir: Path, toolchain: dict, vocab_entries: int, date: str) -> dict:
+            source_dir: Path, toolchain: dict, vocab_dir: Path, date: str) -> dict:
     """Everything the template shows; ``cfg`` holds at least the card stage's settings."""
     mcfg = cfg["models"][model]
     missing = [r for r in mcfg["recipes"] if r not in exports or r not in gates]
@@ -123,8 +124,11 @@ def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dic
         suffix, what = TARGET_SUFFIX.get(kind, (f".{t}.aimodelc", f"compiled for {t} by coreai-build"))
         targets.append({"name": t, "suffix": suffix, "what": what})
     base_model = source_manifest["source"]["uri"].removeprefix("hf://") if source_manifest["source"]["kind"] == "hf" else None
+    family = families.get(mcfg["family"])
+    tok = tokenizers.kind(family.tokenizer)
+    tags = [TAGS[0], *family.tags, *TAGS[1:]]
     front = {"license": source_license(source_dir, mcfg.get("license")), "library_name": "coreai",
-             "pipeline_tag": "text-generation", "tags": TAGS}
+             "pipeline_tag": "text-generation", "tags": tags}
     if base_model:
         front["base_model"] = base_model
     first = next(iter(exports.values()))
@@ -137,11 +141,15 @@ def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dic
         "front_matter": yaml.safe_dump(front, sort_keys=True, allow_unicode=True),
         "title": f"{mcfg['dir']} for Core AI", "description": mcfg.get("description", model), "model": model,
         "source": source_manifest["source"], "g": g, "states": first["states"], "recipes": recipes,
+        "family": family, "architecture_rows": family.card_rows(family.geometry_from_dict(g)),
+        "state_meanings": {s.name: s.meaning for s in family.state_specs(family.geometry_from_dict(g))},
+        "tokenizer_description": tok.DESCRIPTION, "eos": tok.EOS, "chat_description": tok.CHAT_DESCRIPTION,
+        "device_files": sorted(p.name for p in Path(vocab_dir).iterdir() if p.is_file()),
         "functions": [functions[DECODE], functions[PREFILL]], "decode": functions[DECODE],
         "prefill": functions[PREFILL], "prefill_gate": next(iter(gates.values()))["prefill"],
         "targets": targets, "gate_steps": max(g.get("reference_steps", g["steps"]) for g in gates.values()),
         "n_prompts": len(next(iter(gates.values()))["prompts"]),
-        "vocab_entries": vocab_entries, "device_numbers": mcfg.get("device_numbers") or {},
+        "vocab_entries": len(tok.load(vocab_dir)), "device_numbers": mcfg.get("device_numbers") or {},
         "weights_sha256": source_manifest["files"][WEIGHT_FILE]["sha256"],
         "toolchain": toolchain, "build_date": date,
     }
@@ -158,13 +166,12 @@ def render(ctx: dict) -> str:
 def main(argv=None) -> int:
     """The card stage: ``scripts/card.py --model M --source … --exports … --gates … [--curated F] --out F``."""
     from recurrent_coreai.util.fsutil import write_text_atomic
-    from recurrent_coreai.tokenizers.world import read_tsv
 
     ns = stage.parser("card", "model", "source", "vocab", "toolchain", "out", lists=("exports", "gates"),
                       optional_lists=("curated",)).parse_args(argv)
     s, cfg = stage.setup("card", ns)
     ctx = context(ns.model, s, read_manifest(Path(ns.source)), by_recipe(ns.exports, EXPORT), by_recipe(ns.gates),
-                  Path(ns.source), load_json(Path(ns.toolchain))["versions"], len(read_tsv(Path(ns.vocab))),
+                  Path(ns.source), load_json(Path(ns.toolchain))["versions"], Path(ns.vocab),
                   build_date(origin(cfg)))
     existing = ns.curated[0].read_text(encoding="utf-8") if ns.curated else None
     write_text_atomic(ns.out, merge(existing, render(ctx)))

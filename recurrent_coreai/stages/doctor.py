@@ -25,8 +25,6 @@ from recurrent_coreai.pipeline.records import read_export
 PROFILE = "iphone"  # the device class the shipped bundles target (gates coreai doctor's device rules)
 FAIL_STATUS = 2  # coreai doctor: 2 = fatal/silent defect, 1 = runaway/perf, 0 = none
 FIX_TOOL = "pip install -r requirements.txt (coreai-cli is pinned there)"
-# what defines the exported functions: linted as PyTorch source (rules/doctor.smk declares them as inputs)
-SOURCES = ("recurrent_coreai/families/rwkv7/export_graph.py", "recurrent_coreai/families/rwkv7/chunked.py", "recurrent_coreai/coreai/entrypoints.py")
 
 
 def doctor_json(lay: Layout, recipe: str) -> Path:

@@ -23,10 +23,9 @@ import numpy as np
 
 from recurrent_coreai.pipeline import stage
 from recurrent_coreai.coreai import toolchain
-from recurrent_coreai.families.rwkv7.chunked import split_prompt
 from recurrent_coreai.pipeline.config import gate_settings, prompt_budgets
 from recurrent_coreai.coreai.runtime import PromptSession
-from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_functions
+from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_functions, split_prompt
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import atomic_path, dumps_json, sha256_file, tree_manifest
 from recurrent_coreai.util.progress import progress

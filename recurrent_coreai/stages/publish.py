@@ -5,7 +5,7 @@ Staging ``results/<model>/publish/``::
     README.md
     aimodel/<bundle>/<bundle>.aimodel/...          per shipped recipe (+ export.json, gate.json)
     <target>/<bundle>/<bundle>.<target>.aimodelc   per AOT target (universal: <bundle>.aimodelx)
-    <target>/<bundle>/rwkv_vocab.tsv
+    <target>/<bundle>/<tokenizer files>              the vocab stage's output (World: rwkv_vocab.tsv)
     publish.json                                   receipt: files, gate verdicts, what was committed
                                                    (stays local: it records the commit id)
 
@@ -24,7 +24,7 @@ from recurrent_coreai.hub import catalog
 from recurrent_coreai.pipeline import stage
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import IGNORED, atomic_path, dumps_json, first_difference, sha256_file, tree_manifest
-from recurrent_coreai.pipeline.paths import VOCAB_TSV, published_folders
+from recurrent_coreai.pipeline.paths import published_folders
 from recurrent_coreai.pipeline.records import AOT, load_json, read_aot, read_export, read_manifest
 
 RECEIPT = "publish.json"
@@ -100,7 +100,7 @@ def _stage_exports(tmp: Path, exports: list[Path], results: dict[str, dict], gat
 def _stage_aots(tmp: Path, aots: list[Path], vocab: Path, results: dict[str, dict], records: dict[str, dict]):
     """Stage ``<target>/<bundle>/`` per AOT output; returns ({folder: recipe}, checks)."""
     folders, checks = {}, []
-    vocab_entry = {"sha256": sha256_file(vocab), "size": vocab.stat().st_size}
+    tokenizer_files = tree_manifest(vocab)  # every file of the vocab stage's output: what an app needs
     for aot_dir in aots:
         rec = read_aot(aot_dir)  # checks the files against aot.json
         recipe, target = rec["recipe"], rec["target"]
@@ -116,9 +116,10 @@ def _stage_aots(tmp: Path, aots: list[Path], vocab: Path, results: dict[str, dic
         rel = f"{target}/{bundle_of(records[recipe])}"
         for product in sorted(p for p in aot_dir.iterdir() if p.name not in IGNORED and p.name != AOT):
             _link_tree(product, tmp / rel / product.name)
-        _link_tree(vocab, tmp / rel / VOCAB_TSV)
+        for name in tokenizer_files:
+            _link_tree(vocab / name, tmp / rel / name)
         folders[rel] = recipe
-        checks.append((f"{rel}/", {**rec["files"], VOCAB_TSV: vocab_entry}, aot_dir,
+        checks.append((f"{rel}/", {**rec["files"], **tokenizer_files}, aot_dir,
                        f"the {target} build of the gated bundle",
                        "the AOT output changed after it was built: snakemake --forcerun aot"))
     return folders, checks
@@ -260,7 +261,8 @@ def main(argv=None) -> int:
     message = (f"{m['dir']}: Core AI bundles ({', '.join(m['recipes'])}) from {manifest['source']['uri']}"
                f"@{manifest['source']['revision'] or 'local'}; coreai-core {versions['coreai-core']}, "
                f"coreai-torch {versions['coreai-torch']}, torch {versions['torch']}")
-    meta = {"model": ns.model, "repo": m["publish"]["repo"], "source": manifest["source"],
+    meta = {"model": ns.model, "family": m["family"], "repo": m["publish"]["repo"], "source": manifest["source"],
+            "tokenizer_files": sorted(tree_manifest(Path(ns.vocab))),
             "toolchain": versions, "commit_message": message, "push": {"pushed": False, "reason": why}}
     receipt = stage_tree(Path(ns.out), Path(ns.card), Path(ns.vocab), ns.exports, ns.aots, ns.gates, meta, manifest,
                          published_folders(m, m["targets"]))

@@ -1,6 +1,7 @@
 """The reference stage: the gate's teacher-forced token streams and the fp32 reference's outputs.
 
-1. Per prompt: token 0, then ``User: {prompt}\n\nAssistant:``, extended by the fp32
+1. Per prompt: the tokenizer kind's chat prompt (World: token 0, then ``User: {prompt}\n\nAssistant:``),
+   extended by the fp32
    reference's greedy continuation up to the prompt's share of ``gate.steps``; the reference
    logits at every step (keys ``tokens``, ``prompt``, ``pos``, ``logits``).
 2. The prefill stream (keys ``prefill_*``): those per-prompt streams back to back, repeated up to
@@ -21,19 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from recurrent_coreai import families, tokenizers
+from recurrent_coreai.checkpoints.reader import load_checkpoint
+from recurrent_coreai.coreai.entrypoints import split_prompt
 from recurrent_coreai.pipeline import stage
-from recurrent_coreai.families.rwkv7.checkpoint import load_checkpoint
-from recurrent_coreai.families.rwkv7.chunked import split_prompt
 from recurrent_coreai.pipeline.config import origin, prompt_budgets
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import atomic_path
-from recurrent_coreai.coreai.entrypoints import STATE_NAMES
-from recurrent_coreai.families.rwkv7.reference import Reference, State
-from recurrent_coreai.tokenizers.trie import TrieTokenizer
-from recurrent_coreai.tokenizers.world import read_tsv
-
-CHAT = "User: {prompt}\n\nAssistant:"
-EOS = 0
 
 
 def prefill_length(prefill: dict, config_file: str = "config.yaml") -> int:
@@ -47,21 +42,14 @@ def prefill_length(prefill: dict, config_file: str = "config.yaml") -> int:
     return n
 
 
-def bundle_states(state: State) -> dict[str, np.ndarray]:
-    """A reference state in the bundle's layout: recState [L,1,H,K,V], shiftState [L,1,2,C]."""
-    arrays = {"recState": state.wkv[:, None], "shiftState": torch.stack([state.att_shift, state.ffn_shift], 1)[:, None]}
-    assert set(arrays) == set(STATE_NAMES)
-    return {name: arrays[name].numpy().astype(np.float32) for name in STATE_NAMES}
-
-
-def prefill_stream(ref: Reference, tokens: np.ndarray, chunk: int, n: int) -> dict:
+def prefill_stream(ref, tokens: np.ndarray, chunk: int, n: int) -> dict:
     """``tokens`` repeated to ``n``, fed to ``ref`` from zero states without a reset; the logits at
     each full chunk's last position and at every tail position, the states after each full chunk
     and at the end. Arrays for ``np.savez`` (keys ``prefill_*``)."""
     stream = np.resize(np.asarray(tokens, np.int64), n)
     full = split_prompt(n, chunk)[0] * chunk
     state = ref.zero_state()
-    logit_pos, logits, state_pos, states = [], [], [], {name: [] for name in STATE_NAMES}
+    logit_pos, logits, state_pos, states = [], [], [], {}
     for p, tok in enumerate(stream):
         out = ref.step(int(tok), state)
         chunk_end = p + 1 <= full and (p + 1) % chunk == 0
@@ -70,8 +58,8 @@ def prefill_stream(ref: Reference, tokens: np.ndarray, chunk: int, n: int) -> di
             logits.append(out.numpy().astype(np.float32))
         if chunk_end or p + 1 == n:
             state_pos.append(p + 1)
-            for name, arr in bundle_states(state).items():
-                states[name].append(arr)
+            for name, arr in ref.bundle_states(state).items():
+                states.setdefault(name, []).append(arr)
     out = {"prefill_tokens": stream, "prefill_chunk": np.array(chunk, np.int64),
            "prefill_logit_pos": np.array(logit_pos, np.int64), "prefill_logits": np.stack(logits),
            "prefill_state_pos": np.array(state_pos, np.int64)}
@@ -79,16 +67,16 @@ def prefill_stream(ref: Reference, tokens: np.ndarray, chunk: int, n: int) -> di
     return out
 
 
-def reference_stream(source_dir: Path, vocab: dict[int, bytes], prompts: list[str], steps: int,
+def reference_stream(family, source_dir: Path, tok, prompts: list[str], steps: int,
                      config_file: str = "config.yaml", prefill: dict | None = None) -> dict:
-    """Token streams and fp32 reference outputs; arrays for ``np.savez``. ``prefill``: the config's
-    ``prefill`` section (chunk, gate_tokens), for the prefill stream."""
-    geom, weights = load_checkpoint(source_dir)
-    ref = Reference(weights, geom, torch.float32)
-    tok = TrieTokenizer(vocab)
+    """Token streams and fp32 reference outputs; arrays for ``np.savez``. ``family``: the model's
+    family; ``tok``: its tokenizer (the chat prompt format is the tokenizer kind's); ``prefill``:
+    the config's ``prefill`` section (chunk, gate_tokens), for the prefill stream."""
+    geom, weights = load_checkpoint(family, source_dir)
+    ref = family.reference(weights, geom, torch.float32)
     tokens, prompt_idx, positions, logits = [], [], [], []
     for i, (prompt, budget) in enumerate(zip(prompts, prompt_budgets(len(prompts), steps))):
-        stream = [EOS] + tok.encode(CHAT.format(prompt=prompt))
+        stream = tok.prompt(prompt)
         if len(stream) > budget:
             raise PipelineError(config_file, f"prompt {i} is {len(stream)} tokens, more than its share "
                                 f"({budget}) of gate.steps={steps}", "raise gate.steps or shorten the prompt")
@@ -108,11 +96,13 @@ def reference_stream(source_dir: Path, vocab: dict[int, bytes], prompts: list[st
 
 @main_guard
 def main(argv=None) -> int:
-    """``scripts/reference.py --model M --source DIR --vocab TSV --out stream.npz``."""
+    """``scripts/reference.py --model M --source DIR --vocab DIR --out stream.npz``."""
     ns = stage.parser("reference", "model", "source", "vocab", "out").parse_args(argv)
     s, cfg = stage.setup("reference", ns)
     t0 = time.perf_counter()
-    stream = reference_stream(Path(ns.source), read_tsv(Path(ns.vocab)), s["gate"]["prompts"], s["gate"]["steps"],
+    family = families.get(s["models"][ns.model]["family"])
+    tok = tokenizers.kind(family.tokenizer).load(Path(ns.vocab))
+    stream = reference_stream(family, Path(ns.source), tok, s["gate"]["prompts"], s["gate"]["steps"],
                               origin(cfg), s["prefill"])
     with atomic_path(ns.out) as tmp:
         with open(tmp, "wb") as fh:

@@ -1,27 +1,20 @@
-"""The vocab stage: bake the pinned World vocab to the device TSV and verify it (tokenizers.world)."""
+"""The vocab stage: the tokenizer files a device app needs, made and verified by the model's
+tokenizer kind (``tokenizers.kind(family.tokenizer).bake_stage``) into ``results/<m>/vocab/``."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from recurrent_coreai import families, tokenizers
 from recurrent_coreai.pipeline import stage
-from recurrent_coreai.tokenizers.world import VOCAB_FILE, bake, check_checkpoint_vocab, package_vocab
 from recurrent_coreai.util.errors import main_guard
 
 
 @main_guard
 def main(argv=None) -> int:
-    """The vocab stage: bake the pinned World vocab to ``rwkv_vocab.tsv`` and verify it."""
-    import pyrwkv_tokenizer
-
-
+    """``scripts/vocab.py --model M --source DIR --out DIR``."""
     ns = stage.parser("vocab", "model", "source", "out").parse_args(argv)
     s, _ = stage.setup("vocab", ns)
-    vc = s["vocab"]
-    original = package_vocab(vc["package"], vc["version"], vc["file"], vc["sha256"])
-    shipped = Path(ns.source) / VOCAB_FILE
-    if shipped.is_file():
-        check_checkpoint_vocab(shipped, original)
-    report = bake(original, Path(ns.out), official=pyrwkv_tokenizer.RWKVTokenizer())
-    stage.log.info("vocab %s: %d entries baked to %s; corpus of %d checked (%d also against pyrwkv_tokenizer)",
-                   ns.model, report["entries"], ns.out, report["corpus"], report["checked_official"])
+    family = families.get(s["models"][ns.model]["family"])
+    report = tokenizers.kind(family.tokenizer).bake_stage(Path(ns.source), Path(ns.out), s["vocab"])
+    stage.log.info("vocab %s (%s): %s -> %s", ns.model, family.tokenizer, report["summary"], ns.out)

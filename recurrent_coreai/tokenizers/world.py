@@ -1,4 +1,5 @@
-"""The World vocabulary: find it in its pinned PyPI package, verify it, bake the device TSV.
+"""The ``world`` tokenizer kind (RWKV-7, RWKV-6): the RWKV World vocabulary, found in its pinned PyPI
+package, verified, baked to the device TSV, and the chat format that goes with it.
 
 Original format (``rwkv_vocab_v20230424.txt``): ``<id> <python str/bytes literal> <byte length>``.
 Baked format (``rwkv_vocab.tsv``): ``<id>\\t<base64(bytes)>\\n``, ids ascending.
@@ -214,3 +215,90 @@ def bake(original_path: Path, out: Path, official=None) -> dict:
         tmp.write_bytes(tsv_text(original).encode("ascii"))
         report = verify_bake(original, tmp, official=official)
     return report
+
+
+# --- the tokenizer kind: what stages and tools use ------------------------------------------
+DEVICE_FILE = "rwkv_vocab.tsv"  # the device vocab, published beside every compiled bundle
+EOS = 0  # end of text; also the token every prompt starts with
+CHAT = "User: {prompt}\n\nAssistant:"
+DESCRIPTION = f"RWKV World, greedy longest match over {DEVICE_FILE} (id TAB base64 bytes)"
+CHAT_DESCRIPTION = "token 0, then 'User: {prompt}\\n\\nAssistant:'; end of text = token 0"
+# files of a checkpoint the source stage carries over besides the weights
+CARRY = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", VOCAB_FILE)
+
+
+class WorldTokenizer:
+    """Encode text, the bytes of a token, and the chat prompt (token 0 first)."""
+
+    eos = EOS
+
+    def __init__(self, vocab: Mapping[int, bytes]):
+        self.trie = TrieTokenizer(vocab)
+
+    def __len__(self) -> int:
+        return len(self.trie.vocab)
+
+    def encode(self, text: str | bytes) -> list[int]:
+        return self.trie.encode(text)
+
+    def token_bytes(self, token: int) -> bytes:
+        return b"" if token == EOS else self.trie.vocab[token]
+
+    def prompt(self, text: str, chat: bool = True) -> list[int]:
+        """Token 0, then the chat-formatted prompt (``chat``) or the raw text."""
+        return [EOS] + self.encode(CHAT.format(prompt=text) if chat else text)
+
+
+def load(vocab_dir: Path) -> WorldTokenizer:
+    """The tokenizer over a vocab stage output (``results/<m>/vocab/``)."""
+    path = Path(vocab_dir) / DEVICE_FILE
+    if not path.is_file():
+        raise PipelineError(path, "missing", "run the vocab stage (snakemake --forcerun vocab)")
+    return WorldTokenizer(read_tsv(path))
+
+
+def pinned(settings: Mapping) -> Path:
+    """The World vocab file of the pinned package (config.yaml ``vocab:``), verified."""
+    return package_vocab(settings["package"], settings["version"], settings["file"], settings["sha256"])
+
+
+def source_files(out: Path, settings: Mapping) -> None:
+    """A synthetic source's tokenizer files: the pinned vocab and a tokenizer_config.json."""
+    import json
+    import shutil
+
+    shutil.copyfile(pinned(settings), out / VOCAB_FILE)
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "RwkvTokenizer", "vocab_file": VOCAB_FILE, "bos_token": "<s>", "eos_token": "<s>",
+        "model_max_length": 1000000000000000019884624838656}, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def carry(base: Path, out: Path, settings: Mapping) -> list[Path]:
+    """Copy a checkpoint's tokenizer files into ``out`` (its vocab checked against the pinned one,
+    whose bytes are kept); returns the files read."""
+    import shutil
+
+    carried = [base / name for name in CARRY if (base / name).is_file()]
+    for f in carried:
+        if f.name == VOCAB_FILE:
+            check_checkpoint_vocab(f, pinned(settings))
+            shutil.copyfile(pinned(settings), out / VOCAB_FILE)  # the same tokens; keep the pinned bytes
+        else:
+            shutil.copyfile(f, out / f.name)
+    return carried
+
+
+def bake_stage(source_dir: Path, out_dir: Path, settings: Mapping) -> dict:
+    """The vocab stage for this kind: bake the pinned World vocab to ``out_dir/rwkv_vocab.tsv`` and
+    verify it (a checkpoint's own vocab must be the World vocab)."""
+    import pyrwkv_tokenizer
+
+    original = pinned(settings)
+    shipped = Path(source_dir) / VOCAB_FILE
+    if shipped.is_file():
+        check_checkpoint_vocab(shipped, original)
+    with atomic_path(out_dir, directory=True) as tmp:
+        report = bake(original, tmp / DEVICE_FILE, official=pyrwkv_tokenizer.RWKVTokenizer())
+    return {**report, "files": [DEVICE_FILE],
+            "summary": (f"{report['entries']} entries baked to {DEVICE_FILE}; corpus of {report['corpus']} checked "
+                        f"({report['checked_official']} also against pyrwkv_tokenizer)")}

@@ -1,9 +1,9 @@
 """``python -m recurrent_coreai generate --model M --recipe R "prompt"``: talk to a built bundle.
 
 Loads the lowered bundle (``results/<m>/aot/universal/<r>/<bundle>.aimodelx``) in the Core AI
-runtime with the World tokenizer over the baked ``rwkv_vocab.tsv``, feeds the chat prompt
-(token 0, then ``User: …\\n\\nAssistant:``) and decodes — greedy by default, or seeded
-temperature / top-k / top-p sampling with a repetition penalty — until token 0 (end of text), a
+runtime with the model's tokenizer (its family's kind, over ``results/<m>/vocab/``), feeds the chat
+prompt (the tokenizer kind's format) and decodes — greedy by default, or seeded
+temperature / top-k / top-p sampling with a repetition penalty — until the end-of-text token, a
 stop string or ``--max-new-tokens``. Text streams to stdout as it is decoded and never splits a
 UTF-8 character (a character whose bytes span several tokens is held back until complete);
 prompt and decode speeds go to stderr, separately.
@@ -32,10 +32,8 @@ from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_function
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.pipeline.paths import Layout
 from recurrent_coreai.pipeline.records import AOT, load_json, read_export
-from recurrent_coreai.stages.reference import CHAT, EOS
 from recurrent_coreai.tools.sampling import Sampler, Sampling
-from recurrent_coreai.tokenizers.trie import TrieTokenizer
-from recurrent_coreai.tokenizers.world import read_tsv
+from recurrent_coreai import families, tokenizers
 
 DEFAULT_STOP = ("\n\nUser:",)  # the chat format's next turn: the model would go on playing the user
 
@@ -117,7 +115,7 @@ class Result:
                 f"({rate(d, self.decode_seconds)}); stopped: {self.stop_reason}")
 
 
-def generate(session, tokenizer: TrieTokenizer, prompt_tokens: Sequence[int], sampler: Sampler, max_new_tokens: int,
+def generate(session, tokenizer, prompt_tokens: Sequence[int], sampler: Sampler, max_new_tokens: int,
              stop: Sequence[str] = (), on_text: Callable[[str], None] = lambda _text: None,
              clock: Callable[[], float] = time.perf_counter) -> Result:
     """Feed ``prompt_tokens``, then decode up to ``max_new_tokens``. ``session`` has ``step(token)``
@@ -139,12 +137,12 @@ def generate(session, tokenizer: TrieTokenizer, prompt_tokens: Sequence[int], sa
     try:
         while len(res.tokens) < max_new_tokens:
             tok = sampler(logits, context)
-            if tok == EOS:
+            if tok == tokenizer.eos:
                 res.stop_reason = "eos"
                 break
             res.tokens.append(tok)
             context.append(tok)
-            show(stream.push(tokenizer.vocab[tok]))
+            show(stream.push(tokenizer.token_bytes(tok)))
             if stream.stopped:
                 res.stop_reason = "stop"
                 break
@@ -158,12 +156,13 @@ def generate(session, tokenizer: TrieTokenizer, prompt_tokens: Sequence[int], sa
     return res
 
 
-def chat_tokens(tokenizer: TrieTokenizer, prompt: str, chat: bool = True) -> list[int]:
-    """Token 0 then the chat-formatted prompt (``chat``), or token 0 then the raw text."""
-    return [EOS] + tokenizer.encode(CHAT.format(prompt=prompt) if chat else prompt)
+def chat_tokens(tokenizer, prompt: str, chat: bool = True) -> list[int]:
+    """The tokenizer kind's chat prompt (World: token 0, then ``User: …\\n\\nAssistant:``), or its
+    start token then the raw text."""
+    return tokenizer.prompt(prompt, chat)
 
 
-def open_bundle(results: Path, model: str, recipe: str, use_prefill: bool = True):
+def open_bundle(results: Path, model: str, recipe: str, use_prefill: bool = True, tokenizer_kind: str = "world"):
     """The runtime session over a recipe's lowered universal bundle — a :class:`PromptSession` when
     the bundle has a prefill function (and ``use_prefill``), else a :class:`DecodeSession` — and
     the model's tokenizer."""
@@ -172,12 +171,12 @@ def open_bundle(results: Path, model: str, recipe: str, use_prefill: bool = True
     if not (aot_dir / AOT).is_file():
         raise PipelineError(aot_dir, f"no lowered bundle for {model}/{recipe}",
                             f"build it first: snakemake --cores 1 {aot_dir}")
-    if not vocab.is_file():
+    if not vocab.is_dir():
         raise PipelineError(vocab, "missing", f"build it first: snakemake --cores 1 {vocab}")
     record = read_export(lay.export(recipe))
     aimodelx = aot_dir / load_json(aot_dir / AOT)["product"]
     functions = bundle_functions(record)
-    tokenizer = TrieTokenizer(read_tsv(vocab))
+    tokenizer = tokenizers.kind(tokenizer_kind).load(vocab)
     if use_prefill and PREFILL in functions:
         return PromptSession(aimodelx, record), tokenizer
     return DecodeSession(aimodelx, *state_spec(record), function=functions[DECODE]["name"]), tokenizer
@@ -212,7 +211,9 @@ def main(argv=None) -> int:
         raise PipelineError("--max-new-tokens", f"{ns.max_new_tokens} is out of range", "use a positive count")
     sampler = Sampler(Sampling(ns.temperature, ns.top_k, ns.top_p, ns.repetition_penalty, ns.seed))
     stop = ns.stop if ns.stop is not None else ([] if ns.no_chat else list(DEFAULT_STOP))
-    session, tokenizer = open_bundle(Path(cfg["results"]), ns.model, ns.recipe, use_prefill=not ns.main_only)
+    family = families.get(cfgmod.model(cfg, ns.model)["family"], cfgmod.origin(cfg))
+    session, tokenizer = open_bundle(Path(cfg["results"]), ns.model, ns.recipe, use_prefill=not ns.main_only,
+                                     tokenizer_kind=family.tokenizer)
     try:
         prompt = chat_tokens(tokenizer, ns.prompt, chat=not ns.no_chat)
     except ValueError as exc:

@@ -39,6 +39,8 @@ DTYPES: dict[torch.dtype, str] = {
 DTYPE_ORDER = ("BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ",
                "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64")
 ALIGN = 8
+WEIGHT_FILE = "model.safetensors"  # a normalised checkpoint (the source stage's output; every stage after it reads it)
+NORMAL_METADATA = {"format": "pt"}  # the __metadata__ of a normalised model.safetensors
 MAX_WRITE = 1 << 30  # bytes per pwrite call (Linux writes at most ~2 GiB at once)
 
 Spec = tuple[torch.dtype, Sequence[int]]
@@ -122,3 +124,10 @@ def save_streamed(path: str | Path, specs: Mapping[str, Spec], tensors: Iterable
             w.write(name, t)
             del t  # not held while the next one is made
     return Path(path)
+
+
+def save_normalized(sd: Mapping[str, torch.Tensor], path: str | Path) -> None:
+    """Normal-form weights as ``model.safetensors`` (the bytes of ``safetensors.torch.save_file``)."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(path), metadata=NORMAL_METADATA)

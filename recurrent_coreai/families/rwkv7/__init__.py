@@ -1,1 +1,151 @@
-"""families/rwkv7: see docs/architecture.md."""
+"""RWKV-7 ("Goose", x070): the first family.
+
+Checkpoints: fla/HF (split or packed mixers) and BlinkDL x070 ``.pth`` (:mod:`.layouts`); the
+normal form is fla's split layout (:mod:`.geometry`). The oracle is :mod:`.reference`; the export
+modules are :mod:`.export_graph` (decode) with the exact chunked WKV7 of :mod:`.chunked` (prefill);
+synthetic weights come from :mod:`.synthetic`. Tokenizer: the RWKV World vocabulary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+from recurrent_coreai.families import base
+from recurrent_coreai.families.rwkv7.geometry import Geometry, expected_shapes
+from recurrent_coreai.util.errors import PipelineError
+
+HERE = Path(__file__).resolve().parent
+
+
+class Rwkv7Family(base.Family):
+    name = "rwkv7"
+    display_name = "RWKV-7 (x070, Goose)"
+    catalog_family = "RWKV"
+    tokenizer = "world"
+    layouts = ("fla-split", "fla-packed", "blinkdl")
+    synthetic_layouts = ("fla-split", "fla-packed")
+    hf_model_types = ("rwkv7",)
+    roles = {
+        "lm_head": r"lm_head",
+        "mlp": r".*\.ffn\.(key|value)",
+        "mixer_output": r".*\.attn\.o_proj",
+        "state_inputs": r".*\.attn\.([rkv]_proj|[wavg]_lora\.lora\.\d+)",
+    }
+    tags = ("rwkv7", "rwkv", "linear-attention")
+    max_chunk = 128  # chunked.MAX_CHUNK
+    shape_keys = ("layers", "hidden", "head_dim", "ffn", "vocab", "decay_lora", "a_lora", "v_lora", "gate_lora")
+    card_summary = ('RWKV-7 ("Goose", x070) is a recurrent language model: decoding costs O(1) per token and the '
+                    "whole context lives in two fixed-size states, so there is **no KV cache** and memory does not "
+                    "grow with the conversation.")
+    export_sources = ("recurrent_coreai/families/rwkv7/export_graph.py", "recurrent_coreai/families/rwkv7/chunked.py",
+                      "recurrent_coreai/coreai/entrypoints.py")
+
+    # --- geometry -------------------------------------------------------------------------
+    def geometry_from_shape(self, shape: Mapping, where) -> Geometry:
+        return base.shape_to(Geometry, self, shape, where, extra_check=_world_vocab)
+
+    def geometry_from_config(self, cfg, where) -> Geometry:
+        return Geometry.from_hf_config(cfg, where)
+
+    def geometry_from_tensors(self, shapes, layout, where):
+        if layout != "blinkdl":
+            return None
+        from recurrent_coreai.families.rwkv7.layouts import geometry_from_tensors
+
+        return geometry_from_tensors(shapes, where)
+
+    def geometry_from_dict(self, d: Mapping) -> Geometry:
+        return Geometry(**d)
+
+    def config_json(self, geom: Geometry) -> dict:
+        return geom.to_hf_config()
+
+    # --- checkpoints ----------------------------------------------------------------------
+    def detect_layout(self, names):
+        from recurrent_coreai.families.rwkv7.layouts import detect_layout
+
+        return detect_layout(names)
+
+    def normal_shapes(self, geom: Geometry) -> dict[str, tuple[int, ...]]:
+        return expected_shapes(geom)
+
+    def normalize(self, sd, geom, where):
+        from recurrent_coreai.families.rwkv7.layouts import normalize
+
+        return normalize(sd, geom, where)
+
+    def streams(self, layout: str) -> bool:
+        return layout in ("fla-split", "fla-packed")
+
+    def normal_parts(self, layout, name, tensor):
+        from recurrent_coreai.families.rwkv7.layouts import normal_parts
+
+        return normal_parts(name, tensor)
+
+    def synthetic_tensors(self, geom, seed):
+        from recurrent_coreai.families.rwkv7.synthetic import synthetic_tensors
+
+        return synthetic_tensors(geom, seed)
+
+    def write_synthetic(self, geom, seed: int, out_dir: Path, layout: str) -> Path:
+        from recurrent_coreai.families.rwkv7.synthetic import write_synthetic
+
+        return write_synthetic(geom, seed, out_dir, layout)
+
+    def write_layout(self, sd, out_dir: Path, layout: str) -> Path:
+        from recurrent_coreai.families.rwkv7.synthetic import write_weights
+
+        return write_weights(dict(sd), out_dir, layout)
+
+    # --- math -----------------------------------------------------------------------------
+    def reference(self, weights, geom, dtype=None):
+        import torch
+
+        from recurrent_coreai.families.rwkv7.reference import Reference
+
+        return Reference(weights, geom, dtype or torch.float32)
+
+    def state_specs(self, geom: Geometry) -> list[base.StateSpec]:
+        L, H, N, C = geom.layers, geom.heads, geom.head_dim, geom.hidden
+        return [base.StateSpec("recState", (L, 1, H, N, N),
+                               "[layers, batch, heads, K, V]: per layer and head, the K x V recurrent matrix "
+                               "(fla orientation)"),
+                base.StateSpec("shiftState", (L, 1, 2, C),
+                               "[layers, batch, 2, hidden]: per layer, slot 0 = previous token for time-mix, "
+                               "slot 1 = for channel-mix")]
+
+    def build_decode(self, weights, geom, dtype, each_linear=None):
+        from recurrent_coreai.families.rwkv7.export_graph import build_decode
+
+        return build_decode(weights, geom, dtype, each_linear)
+
+    def decode_skeleton(self, geom, dtype):
+        import torch
+
+        from recurrent_coreai.families.rwkv7.export_graph import RWKV7Decode
+
+        with torch.device("meta"):
+            return RWKV7Decode(geom, dtype)
+
+    def build_prefill(self, decode, chunk: int):
+        from recurrent_coreai.families.rwkv7.export_graph import build_prefill
+
+        return build_prefill(decode, chunk)
+
+    # --- card -----------------------------------------------------------------------------
+    def card_rows(self, geom: Geometry) -> list[tuple[str, str]]:
+        return [("layers", str(geom.layers)), ("hidden size", str(geom.hidden)),
+                ("heads × head size", f"{geom.heads} × {geom.head_dim}"),
+                ("FFN size", f"{geom.ffn} (squared ReLU)"),
+                ("LoRA ranks (decay / a / v / gate)",
+                 f"{geom.decay_lora} / {geom.a_lora} / {geom.v_lora} / {geom.gate_lora}")]
+
+
+def _world_vocab(geom: Geometry, where) -> None:
+    if geom.vocab < 65530:
+        raise PipelineError(where, f"vocab {geom.vocab} is smaller than the World vocabulary (65530 ids)",
+                            "use vocab: 65536 (the World vocabulary's padded size)")
+
+
+FAMILY = Rwkv7Family()

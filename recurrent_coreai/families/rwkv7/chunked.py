@@ -106,8 +106,3 @@ def wkv_chunk(r, k, v, kk, a, logw, S, compute_dtype: torch.dtype | None = None)
            + torch.matmul((alpha * shrink).transpose(-1, -2), U)
            + torch.matmul((k * shrink).transpose(-1, -2), v))
     return o.to(out_dtype), S_T.to(state_dtype)
-
-
-def split_prompt(n_tokens: int, chunk: int) -> tuple[int, int]:
-    """(number of full chunks for prefill, number of tail tokens for decode)."""
-    return n_tokens // chunk, n_tokens % chunk

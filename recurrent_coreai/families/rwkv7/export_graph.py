@@ -35,10 +35,10 @@ from torch import nn
 
 from recurrent_coreai.coreai.layers import last_row, linear, token_shift, wide
 from recurrent_coreai.families.rwkv7 import chunked
-from recurrent_coreai.coreai.entrypoints import INPUT_NAMES, OUTPUT_NAMES, STATE_NAMES  # noqa: F401 - re-exported
 from recurrent_coreai.families.rwkv7.geometry import MIXERS, Geometry
 
 NEG_EXP_HALF = -math.exp(-0.5)
+STATE_NAMES = ("recState", "shiftState")  # the buffers every function reads and writes once
 PREFILL_CHUNK = 64  # tokens per prefill call (static); a prompt's tail shorter than it goes through decode
 
 
@@ -221,10 +221,6 @@ class RWKV7Prefill(nn.Module):
 def build_prefill(decode: RWKV7Decode, chunk: int = PREFILL_CHUNK) -> RWKV7Prefill:
     """The prefill module over ``decode``'s parameters and states (build or quantise decode first)."""
     return RWKV7Prefill(decode, chunk).eval()
-
-
-def prefill_example_inputs(chunk: int = PREFILL_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.zeros(1, chunk, dtype=torch.int32), torch.arange(chunk, dtype=torch.int32).reshape(1, chunk)
 
 
 def build_decode(weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], g: Geometry,

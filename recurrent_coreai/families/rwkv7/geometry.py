@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Mapping
 
+from recurrent_coreai.families import base
 from recurrent_coreai.util.errors import PipelineError
 
 MIXERS = ("r", "w", "k", "v", "a", "g")  # order of the packed attn.x_x rows
@@ -19,7 +20,7 @@ def _json_type(value: object) -> str:
 
 
 @dataclass(frozen=True)
-class Geometry:
+class Geometry(base.Geometry):
     layers: int
     hidden: int
     head_dim: int

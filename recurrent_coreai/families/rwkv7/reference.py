@@ -2,7 +2,7 @@
 
 Deliberately separate from the export graph (``export_graph.py``): no fused state writes,
 no dtype tricks, fla's [H, K, V] state orientation, fp32 or fp64 throughout. It accepts
-split (``attn.x_r`` …) and packed (``attn.x_x``) mixers through ``checkpoint.normalize``.
+split (``attn.x_r`` …) and packed (``attn.x_x``) mixers through ``layouts.normalize``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ from typing import Mapping
 import torch
 import torch.nn.functional as F
 
-from recurrent_coreai.families.rwkv7.checkpoint import normalize
+import numpy as np
+
+from recurrent_coreai.families import base
 from recurrent_coreai.families.rwkv7.geometry import MIXERS, Geometry
+from recurrent_coreai.families.rwkv7.layouts import normalize
 
 
 @dataclass
@@ -24,7 +27,7 @@ class State:
     wkv: torch.Tensor        # [L, H, K, V]
 
 
-class Reference:
+class Reference(base.Reference):
     def __init__(self, weights: Mapping[str, torch.Tensor], geom: Geometry, dtype: torch.dtype = torch.float32):
         if dtype not in (torch.float32, torch.float64):
             raise ValueError("the reference runs in float32 or float64")
@@ -103,23 +106,8 @@ class Reference:
         x = self._ln(x, "model.norm")
         return w["lm_head.weight"] @ x
 
-    def run(self, tokens, state: State | None = None) -> tuple[torch.Tensor, State]:
-        """Logits [T, V] for a token sequence, fed one at a time."""
-        state = state or self.zero_state()
-        return torch.stack([self.step(int(t), state) for t in tokens]), state
-
-    def greedy(self, prompt, n_new: int, state: State | None = None, stop: int | None = 0) -> list[int]:
-        """Greedy continuation of ``prompt`` (n_new tokens at most; stops after ``stop``): the
-        independent path that generate's and the card's app-code tests compare against."""
-        state = state or self.zero_state()
-        logits = None
-        for t in prompt:
-            logits = self.step(int(t), state)
-        out: list[int] = []
-        for _ in range(n_new):
-            nxt = int(torch.argmax(logits))
-            out.append(nxt)
-            if stop is not None and nxt == stop:
-                break
-            logits = self.step(nxt, state)
-        return out
+    def bundle_states(self, state: State) -> dict[str, np.ndarray]:
+        """The state in the bundle's layout: recState [L,1,H,K,V], shiftState [L,1,2,C] (float32)."""
+        arrays = {"recState": state.wkv[:, None],
+                  "shiftState": torch.stack([state.att_shift, state.ffn_shift], 1)[:, None]}
+        return {name: arrays[name].numpy().astype(np.float32) for name in ("recState", "shiftState")}

@@ -19,11 +19,9 @@ from typing import Iterable, Iterator
 import torch
 
 from recurrent_coreai.families.rwkv7 import blinkdl
-from recurrent_coreai.families.rwkv7.checkpoint import NORMAL_METADATA, save_normalized
 from recurrent_coreai.families.rwkv7.geometry import MIXERS, Geometry, expected_shapes
-from recurrent_coreai.pipeline.paths import WEIGHT_FILE
 from recurrent_coreai.util.progress import Progress
-from recurrent_coreai.util.safetensors_stream import save_streamed
+from recurrent_coreai.util.safetensors_stream import NORMAL_METADATA, WEIGHT_FILE, save_normalized, save_streamed
 
 LM_HEAD_GAIN = 3.0      # base logit std
 LM_HEAD_ROW_SPREAD = 0.4  # log-normal spread of lm_head row norms: a few tokens stand out,

@@ -1,11 +1,14 @@
-"""Read an RWKV-7 checkpoint in any of the layouts we accept and normalise it.
+"""Read a checkpoint in any layout its family accepts and normalise it (family-generic).
 
-Accepted: fla/HF with split mixers (``attn.x_r`` … ``attn.x_g``), older fla with the
-packed ``attn.x_x`` [6,C], and BlinkDL x070 ``.pth``. The normal form is the split fla
-layout of :func:`recurrent_coreai.families.rwkv7.geometry.expected_shapes`, validated name by name.
+The family (``recurrent_coreai.families.get(name)``) says which layouts it accepts, recognises
+them by their tensor names, reads its geometry from ``config.json`` (or off the tensors for a
+layout without one) and maps every layout to its ONE normal form, name by name; this module reads
+the files. A checkpoint whose tensor names another family recognises is one line naming that
+family (``family:`` in config.yaml is wrong).
 
-Weights come from one file, every ``*.safetensors`` of a directory, or exactly the shards that
-``model.safetensors.index.json`` names. Every tensor is checked as it is read (float32/float16/
+Weights come from one file, every ``*.safetensors`` of a directory (else every ``*.pth`` / ``*.bin``,
+pickles read with ``torch.load(weights_only=True)``: tensors and plain containers only, never
+code), or exactly the shards that ``model.safetensors.index.json`` names. Every tensor is checked as it is read (float32/float16/
 bfloat16, finite) and stored once; anything else is a :class:`PipelineError` naming it.
 """
 
@@ -20,17 +23,16 @@ from typing import Iterator, Mapping
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
-from recurrent_coreai.families.rwkv7 import blinkdl
+from recurrent_coreai import families
 from recurrent_coreai.util.errors import PipelineError
-from recurrent_coreai.pipeline.paths import WEIGHT_FILE  # noqa: F401 - re-exported: checkpoint.WEIGHT_FILE
-from recurrent_coreai.families.rwkv7.geometry import MIXERS, Geometry, expected_shapes
 from recurrent_coreai.util.progress import Progress
+from recurrent_coreai.util.safetensors_stream import NORMAL_METADATA, WEIGHT_FILE, save_normalized  # noqa: F401 - re-exported
 from recurrent_coreai.util.safetensors_stream import save_streamed
 
 INDEX_FILE = "model.safetensors.index.json"  # the HF sharded layout: {"weight_map": {tensor: shard file}}
-SUFFIXES = (".safetensors", ".pth")
+PICKLE_SUFFIXES = (".pth", ".bin")  # PyTorch pickles: read with weights_only=True
+SUFFIXES = (".safetensors", *PICKLE_SUFFIXES)
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -40,17 +42,17 @@ def weight_files(src: Path) -> list[Path]:
     if src.is_file():
         if src.suffix not in SUFFIXES:
             raise PipelineError(src, f"is not a weights file (suffix {src.suffix or 'none'!r}); accepted are "
-                                "*.safetensors, *.pth or a directory in Hugging Face layout",
-                                "point source.path at the checkpoint's .safetensors/.pth file or its directory")
+                                "*.safetensors, *.pth, *.bin or a directory in Hugging Face layout",
+                                "point source.path at the checkpoint's weights file or its directory")
         return [src]
     index = shard_index(src)
     if index is not None:
         return _indexed_files(src, index)
     files = sorted(src.glob("*.safetensors"))
+    for suffix in PICKLE_SUFFIXES:
+        files = files or sorted(src.glob(f"*{suffix}"))
     if not files:
-        files = sorted(src.glob("*.pth"))
-    if not files:
-        raise PipelineError(src, "no *.safetensors or *.pth weights found",
+        raise PipelineError(src, "no *.safetensors, *.pth or *.bin weights found",
                             "point the source at a directory holding the checkpoint")
     return files
 
@@ -85,14 +87,35 @@ def _indexed_files(src: Path, index: dict[str, str]) -> list[Path]:
     return [src / shard for shard in named]
 
 
+def load_pickle(f: Path) -> object:
+    """A PyTorch pickle (``.pth``/``.bin``) loaded with ``weights_only=True``: torch's restricted
+    unpickler, which builds tensors and plain containers and refuses any other global (a pickle
+    that would call ``os.system`` is refused here, in one line, and never runs)."""
+    import pickle
+    import zipfile
+
+    try:
+        return torch.load(f, map_location="cpu", mmap=True, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        unsafe = next((ln for ln in lines if "Unsupported global" in ln or "unsupported global" in ln.lower()), None)
+        if unsafe is not None:
+            what = unsafe.split(":", 1)[-1].strip().split(" ", 1)[0].rstrip(".,")
+            raise PipelineError(f, f"the pickle refers to {what}, which weights_only loading refuses (it would run "
+                                "code, not load tensors)", "use a checkpoint of plain tensors (a state dict saved "
+                                "with torch.save, or safetensors) from a source you trust") from None
+        raise PipelineError(f, f"cannot unpickle it ({lines[0][:200] if lines else type(exc).__name__})",
+                            "re-download the file; it is truncated or not a PyTorch state dict") from None
+    except (RuntimeError, EOFError, ValueError, zipfile.BadZipFile, OSError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise PipelineError(f, f"cannot read PyTorch checkpoint ({type(exc).__name__}: {first})",
+                            "re-download the file; it is truncated or not a state dict") from None
+
+
 def _file_tensors(f: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of one weights file; safetensors are mmap'd, not copied."""
-    if f.suffix == ".pth":
-        try:
-            sd = torch.load(f, map_location="cpu", mmap=True, weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - any unpickling failure is a bad file
-            raise PipelineError(f, f"cannot read PyTorch checkpoint ({type(exc).__name__}: {exc})",
-                                "re-download the file; it is truncated or not a state dict") from None
+    if f.suffix in PICKLE_SUFFIXES:
+        sd = load_pickle(f)
         fix = "save the weights as a state dict: torch.save(model.state_dict(), path)"
         if not isinstance(sd, Mapping):
             raise PipelineError(f, f"holds a {type(sd).__name__}, not a state dict of tensors", fix)
@@ -117,7 +140,7 @@ def check_values(f: Path, name: str, t: torch.Tensor) -> None:
     the NaN/Inf count is only computed for the message."""
     if t.dtype not in FLOAT_DTYPES:
         raise PipelineError(f, f"tensor {name} has dtype {str(t.dtype).removeprefix('torch.')}; weights must be "
-                            "float32, float16 or bfloat16", "the file is corrupted or not an RWKV-7 checkpoint: "
+                            "float32, float16 or bfloat16", "the file is corrupted or not a model checkpoint: "
                             "re-download it or convert it with floating-point weights")
     if t.numel() and not all(torch.isfinite(x) for x in torch.aminmax(t)):
         nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
@@ -150,59 +173,6 @@ def read_tensors(files: list[Path], index: Mapping[str, str] | None = None) -> d
     return out
 
 
-def _unpack_mixers(sd: dict[str, torch.Tensor], where: str | Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, t in sd.items():
-        if name.endswith(".attn.x_x") and t.dim() == 2 and t.shape[0] == len(MIXERS):
-            prefix = name[: -len("x_x")]
-            split = [f"{prefix}x_{m}" for m in MIXERS if f"{prefix}x_{m}" in sd]
-            if split:
-                raise PipelineError(where, f"{name} (packed mixers) and {split[0]} (split) are both present",
-                                    "keep one mixer layout per layer: remove attn.x_x or the attn.x_r ... x_g tensors")
-            for row, m in enumerate(MIXERS):
-                out[f"{prefix}x_{m}"] = t[row].reshape(1, 1, -1).clone()
-        else:
-            out[name] = t
-    return out
-
-
-def detect_layout(names) -> str:
-    if blinkdl.is_blinkdl(names):
-        return "blinkdl"
-    if any(n.endswith(".attn.x_x") for n in names):
-        return "fla-packed"
-    return "fla-split"
-
-
-def normalize(sd: Mapping[str, torch.Tensor], geom: Geometry, where: str | Path) -> dict[str, torch.Tensor]:
-    """Any accepted layout -> the split fla layout; every name and shape checked."""
-    layout = detect_layout(sd.keys())
-    if layout == "blinkdl":
-        sd = blinkdl.to_hf(sd)
-    sd = _unpack_mixers(dict(sd), where)
-    want = expected_shapes(geom)
-
-    def label(name: str) -> str:
-        return f"{name} (BlinkDL {blinkdl.original_name(name)})" if layout == "blinkdl" else name
-
-    fix_shape = ("the .pth is not a consistent RWKV-7 x070 checkpoint" if layout == "blinkdl"
-                 else "check that config.json matches the weights")
-    for name, shape in want.items():
-        if name not in sd:
-            raise PipelineError(where, f"tensor {label(name)} is missing (expected shape {list(shape)})",
-                                "use a complete RWKV-7 checkpoint whose config.json matches its weights"
-                                if layout != "blinkdl" else "use a complete RWKV-7 x070 .pth")
-        if tuple(sd[name].shape) != shape:
-            raise PipelineError(where, f"tensor {label(name)} has shape {list(sd[name].shape)}, expected {list(shape)}",
-                                fix_shape)
-    extra = sorted(set(sd) - set(want))
-    if extra:
-        name = extra[0].removeprefix("unknown:")
-        raise PipelineError(where, f"unexpected tensor {name} ({len(extra)} unexpected in all)",
-                            "this is not a plain RWKV-7 x070 checkpoint; remove the extra tensors")
-    return {name: sd[name] for name in want}
-
-
 def _read_json(path: Path, fix: str) -> object:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -212,63 +182,71 @@ def _read_json(path: Path, fix: str) -> object:
         raise PipelineError(path, f"is not UTF-8 text (byte {exc.start})", fix) from None
 
 
-def load_geometry(src: Path) -> Geometry:
+def check_family(family, names, where: str | Path) -> str:
+    """The layout ``family`` recognises in these tensor names; names another family recognises
+    (an RWKV-7 checkpoint given as ``family: rwkv6``) or none does are one line."""
+    names = list(names)
+    layout = family.detect_layout(names)
+    if layout is not None:
+        return layout
+    others = [(f, lay) for f, lay in families.detect(names) if f != family.name]
+    if others:
+        fam, lay = others[0]
+        raise PipelineError(where, f"the tensors look like a {families.get(fam).display_name} checkpoint ({fam}, "
+                            f"{lay} layout), not {family.display_name}", f"set family: {fam} for this model in "
+                            f"config.yaml (or point the source at a {family.name} checkpoint)")
+    sample = ", ".join(sorted(names)[:3]) or "no tensors"
+    raise PipelineError(where, f"no {family.display_name} layout has these tensor names ({sample}, ...)",
+                        f"use a checkpoint in one of the layouts {', '.join(family.layouts)}")
+
+
+def load_geometry(family, src: Path):
     cfg_path = src / "config.json"
+    if cfg_path.is_dir():
+        raise PipelineError(cfg_path, "is a directory, not a file", "replace it with the checkpoint's config.json")
     if not cfg_path.is_file():
         raise PipelineError(src, "config.json is missing", "use a snapshot in Hugging Face layout (config.json + weights)")
-    return Geometry.from_hf_config(_read_json(cfg_path, "repair or re-download config.json"), cfg_path)
+    return family.geometry_from_config(_read_json(cfg_path, "repair or re-download config.json"), cfg_path)
 
 
-def infer_blinkdl_geometry(sd: Mapping[str, torch.Tensor], where: str | Path) -> Geometry:
-    """A BlinkDL .pth carries no config.json: read the shape off its tensors."""
-    def shape(name: str) -> tuple[int, int]:
-        if name not in sd:
-            raise PipelineError(where, f"tensor {name} is missing", "use a complete BlinkDL x070 checkpoint")
-        if sd[name].dim() != 2:
-            raise PipelineError(where, f"tensor {name} has shape {list(sd[name].shape)}, expected 2 dimensions",
-                                "the .pth is not a consistent RWKV-7 x070 checkpoint")
-        return tuple(sd[name].shape)
-
-    vocab, hidden = shape("emb.weight")
-    heads, head_dim = shape("blocks.0.att.r_k")
-    layers = 1 + max((int(m.group(1)) for n in sd if (m := re.match(r"blocks\.(\d+)\.", n))), default=-1)
-    return Geometry(layers=layers, hidden=hidden, head_dim=head_dim, ffn=shape("blocks.0.ffn.key.weight")[0],
-                    vocab=vocab, decay_lora=shape("blocks.0.att.w1")[1], a_lora=shape("blocks.0.att.a1")[1],
-                    v_lora=shape("blocks.1.att.v1")[1] if layers > 1 else 1,
-                    gate_lora=shape("blocks.0.att.g1")[1]).check(where)
+def _geometry(family, layout: str, shapes: Mapping[str, tuple], cfg_dir: Path, where, used: list[Path]):
+    """From config.json when there is one, else off the tensors (a layout without config.json)."""
+    if not (cfg_dir / "config.json").exists():
+        geom = family.geometry_from_tensors(shapes, layout, where)
+        if geom is not None:
+            return geom
+    used.append(cfg_dir / "config.json")
+    return load_geometry(family, cfg_dir)
 
 
 @dataclass(frozen=True)
 class Checkpoint:
-    geometry: Geometry
-    tensors: dict[str, torch.Tensor]  # the normal form (split fla layout), in expected_shapes order
+    geometry: object                  # the family's Geometry
+    tensors: dict[str, torch.Tensor]  # the normal form, in the family's normal_shapes order
     layout: str                       # the layout it was read from
     weights: list[Path]               # the weight files read
     inputs: list[Path]                # every file read: the weights, the shard index, config.json
 
 
-def read_checkpoint(src: str | Path) -> Checkpoint:
+def read_checkpoint(family, src: str | Path) -> Checkpoint:
     """Read, check and normalise an HF-layout directory or a single weights file, in one pass over
-    the weights (mmap'd where possible). A BlinkDL .pth needs no config.json."""
+    the weights (mmap'd where possible). A layout without config.json (a BlinkDL .pth) takes its
+    geometry off the tensors when the family can."""
     src = Path(src)
     files = weight_files(src)
     where = files[0] if len(files) == 1 else src
     index = shard_index(src) if src.is_dir() else None
     raw = read_tensors(files, index)
-    layout = detect_layout(raw.keys())
+    layout = check_family(family, raw.keys(), where)
     cfg_dir = src if src.is_dir() else src.parent
     used = list(files) + ([src / INDEX_FILE] if index is not None else [])
-    if layout == "blinkdl" and not (cfg_dir / "config.json").is_file():
-        geom = infer_blinkdl_geometry(raw, where)
-    else:
-        geom = load_geometry(cfg_dir)
-        used.append(cfg_dir / "config.json")
-    return Checkpoint(geom, normalize(raw, geom, where), layout, files, used)
+    geom = _geometry(family, layout, {k: tuple(v.shape) for k, v in raw.items()}, cfg_dir, where, used)
+    return Checkpoint(geom, family.normalize(raw, geom, where), layout, files, used)
 
 
-def load_checkpoint(src: str | Path, dtype: torch.dtype | None = None) -> tuple[Geometry, dict[str, torch.Tensor]]:
+def load_checkpoint(family, src: str | Path, dtype: torch.dtype | None = None) -> tuple[object, dict[str, torch.Tensor]]:
     """Geometry and normalised weights (see :func:`read_checkpoint`), optionally cast to ``dtype``."""
-    ck = read_checkpoint(src)
+    ck = read_checkpoint(family, src)
     sd = ck.tensors if dtype is None else {k: v.to(dtype) for k, v in ck.tensors.items()}
     return ck.geometry, sd
 
@@ -315,24 +293,26 @@ def _read_into(fh, f: Path, name: str, entry: dict, start: int, out: torch.Tenso
         flat[at:at + n].copy_(chunk)
 
 
-def stream_checkpoint(src: str | Path, dtype: torch.dtype) -> tuple[Geometry, Iterator[tuple[str, torch.Tensor]]]:
+def stream_checkpoint(family, src: str | Path, dtype: torch.dtype) -> tuple[object, Iterator[tuple[str, torch.Tensor]]]:
     """Geometry and the normalised weights as (name, tensor) pairs in ``dtype``, one tensor at a
     time: for a directory holding one split-layout ``model.safetensors`` (the source stage's
     output) each tensor is read straight from the file into ``dtype`` — never a whole fp32 copy
-    of the checkpoint. Names and shapes are checked (as :func:`normalize` does) before any data is
-    read. Any other layout goes through :func:`read_checkpoint` and is cast tensor by tensor."""
+    of the checkpoint. Names and shapes are checked (the family's ``normalize`` on meta tensors)
+    before any data is read. Any other layout goes through :func:`read_checkpoint` and is cast
+    tensor by tensor."""
     src = Path(src)
     files = weight_files(src)
     if not (src.is_dir() and len(files) == 1 and files[0].suffix == ".safetensors" and shard_index(src) is None):
-        ck = read_checkpoint(src)
+        ck = read_checkpoint(family, src)
         return ck.geometry, ((k, v.to(dtype)) for k, v in ck.tensors.items())
     f = files[0]
     header, start = _safetensors_header(f)
-    if detect_layout(header) != "fla-split" or any(e.get("dtype") not in SAFETENSORS_DTYPES for e in header.values()):
-        ck = read_checkpoint(src)
+    if (family.detect_layout(header) != family.layouts[0]
+            or any(e.get("dtype") not in SAFETENSORS_DTYPES for e in header.values())):
+        ck = read_checkpoint(family, src)
         return ck.geometry, ((k, v.to(dtype)) for k, v in ck.tensors.items())
-    geom = load_geometry(src)
-    meta = normalize({k: torch.empty(e["shape"], device="meta") for k, e in header.items()}, geom, f)
+    geom = load_geometry(family, src)
+    meta = family.normalize({k: torch.empty(e["shape"], device="meta") for k, e in header.items()}, geom, f)
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
         with open(f, "rb") as fh:
@@ -341,13 +321,6 @@ def stream_checkpoint(src: str | Path, dtype: torch.dtype) -> tuple[Geometry, It
                 _read_into(fh, f, name, header[name], start, out)
                 yield name, out
     return geom, tensors()
-
-
-NORMAL_METADATA = {"format": "pt"}  # the __metadata__ of a normalised model.safetensors
-
-
-def save_normalized(sd: Mapping[str, torch.Tensor], path: Path) -> None:
-    save_file({k: v.contiguous() for k, v in sd.items()}, str(path), metadata=NORMAL_METADATA)
 
 
 def _scan_safetensors(files: list[Path], index: Mapping[str, str] | None) -> dict[str, tuple] | None:
@@ -369,48 +342,41 @@ def _scan_safetensors(files: list[Path], index: Mapping[str, str] | None) -> dic
     return None if index is not None and set(index) - set(refs) else refs
 
 
-def _normal_parts(name: str, t: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-    """The normal-form tensors one fla tensor becomes (see :func:`_unpack_mixers`)."""
-    if name.endswith(".attn.x_x") and t.dim() == 2 and t.shape[0] == len(MIXERS):
-        return [(f"{name[:-len('x_x')]}x_{m}", t[row].reshape(1, 1, -1)) for row, m in enumerate(MIXERS)]
-    return [(name, t)]
-
-
-def _write_in_memory(src: Path, dst: Path) -> Checkpoint:
-    ck = read_checkpoint(src)
-    if ck.layout == "fla-split" and len(ck.weights) == 1 and ck.weights[0].suffix == ".safetensors":
+def _write_in_memory(family, src: Path, dst: Path) -> Checkpoint:
+    ck = read_checkpoint(family, src)
+    if ck.layout == family.layouts[0] and len(ck.weights) == 1 and ck.weights[0].suffix == ".safetensors":
         shutil.copyfile(ck.weights[0], dst)  # already the normal form: bytes unchanged
     else:
         save_normalized(ck.tensors, dst)
     return ck
 
 
-def write_normalized(src: str | Path, dst: str | Path) -> Checkpoint:
+def write_normalized(family, src: str | Path, dst: str | Path) -> Checkpoint:
     """Read, check and normalise ``src`` as :func:`read_checkpoint` does and write the normal form to
     ``dst`` as :func:`save_normalized` does (a single split-layout ``.safetensors`` is copied
     unchanged), holding one tensor at a time: names, dtypes and shapes are checked from the
     safetensors headers before any data is read, then each tensor is read (pread, never mmap'd),
-    checked (:func:`check_values`), split if it is a packed ``attn.x_x`` and written at its place in
-    ``dst`` (:mod:`.safetensors_stream`, the bytes of ``save_file``). The returned Checkpoint's
-    tensors are on the meta device (names, shapes, dtypes). A BlinkDL ``.pth``, or a checkpoint
-    whose headers, config.json or names show a problem, is read whole by :func:`read_checkpoint`,
-    which reports it as ever."""
+    checked (:func:`check_values`), turned into its normal-form parts (the family's ``normal_parts``:
+    renames, splits) and written at its place in ``dst`` (:mod:`.safetensors_stream`, the bytes of
+    ``save_file``). The returned Checkpoint's tensors are on the meta device (names, shapes,
+    dtypes). A pickle, a layout that must be read whole, or a checkpoint whose headers, config.json
+    or names show a problem, is read whole by :func:`read_checkpoint`, which reports it as ever."""
     src, dst = Path(src), Path(dst)
     files = weight_files(src)
     index = shard_index(src) if src.is_dir() else None
     refs = _scan_safetensors(files, index) if all(f.suffix == ".safetensors" for f in files) else None
-    if refs is None or detect_layout(refs) == "blinkdl":
-        return _write_in_memory(src, dst)
+    layout = family.detect_layout(refs) if refs is not None else None
+    if layout is None or not family.streams(layout):
+        return _write_in_memory(family, src, dst)
     cfg_dir = src if src.is_dir() else src.parent
     try:
-        geom = load_geometry(cfg_dir)
-        meta = normalize({n: torch.empty(shape, dtype=dtype, device="meta") for n, (_, dtype, shape) in refs.items()},
-                         geom, files[0] if len(files) == 1 else src)
+        geom = load_geometry(family, cfg_dir)
+        meta = family.normalize({n: torch.empty(shape, dtype=dtype, device="meta")
+                                 for n, (_, dtype, shape) in refs.items()}, geom, files[0] if len(files) == 1 else src)
     except PipelineError:  # read_tensors first: a bad value is reported before a bad name, as ever
-        return _write_in_memory(src, dst)
-    layout = detect_layout(refs)
+        return _write_in_memory(family, src, dst)
     used = list(files) + ([src / INDEX_FILE] if index is not None else []) + [cfg_dir / "config.json"]
-    copy = layout == "fla-split" and len(files) == 1
+    copy = layout == family.layouts[0] and len(files) == 1
 
     def checked() -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor of every file, in read_tensors' order, checked, in its normal form."""
@@ -425,7 +391,7 @@ def write_normalized(src: str | Path, dst: str | Path) -> Checkpoint:
                             raise PipelineError(f, f"cannot read safetensors ({exc})",
                                                 "re-download the file; it is truncated or corrupted") from None
                         check_values(f, name, t)
-                        yield from _normal_parts(name, t)
+                        yield from family.normal_parts(layout, name, t)
                         bar.update(t.numel() * t.element_size())
                         del t
 

@@ -1,0 +1,1 @@
+"""Reading checkpoints: weight files, shards and their checks (generic); a family normalises names."""
