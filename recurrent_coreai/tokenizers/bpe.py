@@ -1,0 +1,302 @@
+"""The ``hf-bpe`` tokenizer kind: a Hugging Face byte-level BPE ``tokenizer.json`` (GPT-2 /
+GPT-NeoX style, what Mamba-2 checkpoints ship), loaded and verified with the ``tokenizers``
+library, plus a small deterministic byte-level BPE for synthetic models.
+
+* :func:`load` reads a ``tokenizer.json`` (sha256 checked if given), checks that it is a
+  byte-level BPE (every vocabulary string maps back to bytes through the inverse of GPT-2's
+  bytes-to-unicode table) and round-trips :data:`CHECK_CORPUS` (decode of encode is byte-exact).
+* :meth:`BPETokenizer.token_bytes` gives each id's bytes, for streaming output (special tokens
+  give ``b""``; a non-special added token its own UTF-8 text); a token may end inside a UTF-8
+  character, so a stream joins bytes, not strings.
+* :meth:`BPETokenizer.encode_bytes` encodes any bytes, invalid UTF-8 included: valid UTF-8 runs go
+  through the tokenizer, each other byte is its single-byte token (every byte has one in a
+  byte-level vocabulary).
+* :func:`synthetic_tokenizer_json` trains a byte-level BPE (ByteLevel pre-tokenizer and decoder,
+  the 256-byte alphabet, ``<|endoftext|>`` at id 0 as GPT-NeoX) on :data:`SYNTHETIC_CORPUS` and
+  returns its ``tokenizer.json`` text: the same bytes on every run. Determinism: the trainer runs
+  with ``TOKENIZERS_PARALLELISM=false`` (one thread), on one fixed, sorted list of corpus lines,
+  and the JSON is written with sorted keys; tests/test_bpe_tokenizer.py compares two processes.
+
+Shared layer: no family imports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from recurrent_coreai.util.errors import PipelineError
+
+EOS = "<|endoftext|>"
+SYNTHETIC_VOCAB_SIZE = 1024
+
+# Strings every loaded tokenizer must round-trip byte-exactly (str: the UTF-8 of each).
+CHECK_CORPUS: tuple[str, ...] = (
+    "User: hi\n\nAssistant:",
+    "The quick brown fox jumps over the lazy dog.",
+    "日本語のテキストと中文文本，한국어 텍스트도 있습니다。",
+    "Emoji: 😀🦢🏳️‍🌈👩🏽‍💻 and 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𐍈",
+    "NUL\x00inside\x00\x00and\x01\x02\x1f control",
+    "line one\r\nline two\r\n\r\n",
+    " " * 300 + "\t" * 40 + "\n" * 17,
+    "def f(x):\n    return {'a': [1, 2, 3]}  # code\n",
+    "Ελληνικά, русский, العربية, עברית, हिन्दी",
+    "  leading and trailing spaces  ",
+    "".join(chr(c) for c in range(32, 127)),
+)
+
+
+@lru_cache(maxsize=None)
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's table: each byte -> a printable character (printable Latin-1 bytes map to
+    themselves, the other 68 to U+0100 upwards, in byte order)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+@lru_cache(maxsize=None)
+def unicode_to_bytes() -> dict[str, int]:
+    return {c: b for b, c in bytes_to_unicode().items()}
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class BPETokenizer:
+    """A verified byte-level BPE tokenizer (from :func:`load` or :func:`from_json`)."""
+
+    def __init__(self, text: str, where: str | Path = "tokenizer.json"):
+        import tokenizers
+
+        self.where = str(where)
+        self.json_text = text
+        self.sha256 = sha256_bytes(text.encode("utf-8"))
+        try:
+            spec = json.loads(text)
+            self.tok = tokenizers.Tokenizer.from_str(text)
+        except Exception as exc:  # noqa: BLE001 - json and the Rust parser raise many types
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise PipelineError(where, f"is not a valid tokenizer.json ({first})",
+                                "use the tokenizer.json of the checkpoint's Hugging Face repo") from None
+        model = spec.get("model") or {}
+        if model.get("type") != "BPE":
+            raise PipelineError(where, f"model type is {model.get('type')!r}, not 'BPE'",
+                                "the hf-bpe tokenizer kind takes a byte-level BPE tokenizer.json")
+        self.added = {int(a["id"]): a for a in spec.get("added_tokens") or []}
+        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
+        table = unicode_to_bytes()
+        self._bytes: list[bytes] = []
+        for i in range(self.vocab_size):
+            piece = self.tok.id_to_token(i)
+            if piece is None:
+                raise PipelineError(where, f"token id {i} has no token (ids are not contiguous 0..{self.vocab_size - 1})",
+                                    "use a tokenizer.json whose ids are contiguous")
+            if i in self.added:
+                a = self.added[i]
+                self._bytes.append(b"" if a.get("special") else a["content"].encode("utf-8"))
+                continue
+            try:
+                self._bytes.append(bytes(table[c] for c in piece))
+            except KeyError:
+                bad = next(c for c in piece if c not in table)
+                raise PipelineError(where, f"token {i} {piece[:40]!r} holds {bad!r} (U+{ord(bad):04X}), which is not "
+                                    "in the byte-level alphabet", "the hf-bpe kind takes byte-level BPE tokenizers "
+                                    "(GPT-2 / GPT-NeoX style) only") from None
+        self._single = {}
+        for i, raw in enumerate(self._bytes):
+            if len(raw) == 1 and i not in self.added:
+                self._single.setdefault(raw[0], i)
+        missing = [b for b in range(256) if b not in self._single]
+        if missing:
+            raise PipelineError(where, f"has no single-byte token for byte {missing[0]:#04x} ({len(missing)} bytes "
+                                "missing)", "a byte-level BPE must hold all 256 bytes (train with the ByteLevel alphabet)")
+        self.special_ids = sorted(i for i, a in self.added.items() if a.get("special"))
+
+    # --- encode / decode -----------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False).ids)
+
+    def encode_bytes(self, data: bytes) -> list[int]:
+        """Any bytes: each valid UTF-8 run through :meth:`encode`, each invalid byte its own token."""
+        ids: list[int] = []
+        for run, valid in _utf8_runs(data):
+            ids.extend(self.encode(run.decode("utf-8")) if valid else (self._single[b] for b in run))
+        return ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self._bytes[int(token_id)]
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        return b"".join(self._bytes[int(i)] for i in ids)
+
+    def table(self) -> dict[int, bytes]:
+        """Every id's bytes (what a device-side detokeniser needs)."""
+        return dict(enumerate(self._bytes))
+
+    def check_round_trip(self, corpus: Iterable[str | bytes] = CHECK_CORPUS) -> int:
+        """Byte-exact decode(encode(x)) for every entry (str or bytes); returns the tokens used.
+        A failure is one line naming the entry and the first differing byte."""
+        n = 0
+        for k, item in enumerate(corpus):
+            raw = item.encode("utf-8") if isinstance(item, str) else item
+            ids = self.encode(item) if isinstance(item, str) else self.encode_bytes(item)
+            got = self.decode_bytes(ids)
+            if got != raw:
+                at = next((i for i, (a, b) in enumerate(zip(got, raw)) if a != b), min(len(got), len(raw)))
+                raise PipelineError(self.where, f"does not round-trip check string {k} ({raw[:30]!r}...): decoded bytes "
+                                    f"differ from byte {at} on", "use the checkpoint's own byte-level tokenizer.json")
+            if isinstance(item, str) and self.tok.decode(ids, skip_special_tokens=False) != item:
+                raise PipelineError(self.where, f"its own decoder does not return check string {k} ({item[:30]!r}...)",
+                                    "use a tokenizer.json with the ByteLevel decoder")
+            n += len(ids)
+        return n
+
+
+def _utf8_runs(data: bytes) -> Iterator[tuple[bytes, bool]]:
+    """(run, is valid UTF-8) pieces of ``data``, in order; invalid bytes one at a time."""
+    at = 0
+    while at < len(data):
+        try:
+            data[at:].decode("utf-8")
+            yield data[at:], True
+            return
+        except UnicodeDecodeError as exc:
+            if exc.start > 0:
+                yield data[at:at + exc.start], True
+            bad_end = at + exc.start + max(1, exc.end - exc.start)
+            for b in data[at + exc.start:bad_end]:
+                yield bytes([b]), False
+            at = bad_end
+
+
+def from_json(text: str, where: str | Path = "tokenizer.json", sha256: str | None = None,
+              corpus: Iterable[str | bytes] = CHECK_CORPUS) -> BPETokenizer:
+    tok = BPETokenizer(text, where)
+    if sha256 is not None and tok.sha256 != sha256:
+        raise PipelineError(where, f"sha256 is {tok.sha256}, expected {sha256}",
+                            "download the pinned tokenizer.json again or fix the sha256 in config.yaml")
+    tok.check_round_trip(corpus)
+    return tok
+
+
+def load(path: str | Path, sha256: str | None = None, vocab_size: int | None = None) -> BPETokenizer:
+    """A tokenizer.json from disk, verified (sha256 if given; byte-level; round trip; and, if given,
+    no more ids than the model's embedding rows)."""
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(path, "tokenizer.json is missing", "put the checkpoint's tokenizer.json beside its weights")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PipelineError(path, f"is not UTF-8 (byte {exc.start})", "download tokenizer.json again") from None
+    tok = from_json(text, path, sha256)
+    if vocab_size is not None and tok.vocab_size > vocab_size:
+        raise PipelineError(path, f"has {tok.vocab_size} tokens, the model only {vocab_size} embedding rows",
+                            "use the tokenizer.json that belongs to this checkpoint")
+    return tok
+
+
+# --- the synthetic tokenizer -----------------------------------------------------------------
+SYNTHETIC_CORPUS = """\
+User: Hello! Can you tell me what a state space model is?
+
+Assistant: A state space model keeps a fixed-size state and updates it with every token, so it needs no attention cache.
+User: How long can the context be?
+
+Assistant: As long as you like: the state does not grow with the text, only its contents change.
+User: Write a short poem about the sea.
+
+Assistant: The sea rolls in, the sea rolls out; the gulls above it wheel about.
+The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.
+Sphinx of black quartz, judge my vow. How vexingly quick daft zebras jump!
+It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of foolishness.
+Call me Ishmael. Some years ago, never mind how long precisely, having little or no money in my purse,
+I thought I would sail about a little and see the watery part of the world.
+In the beginning the Universe was created. This has made a lot of people very angry.
+def fibonacci(n):
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+for (int i = 0; i < n; ++i) { sum += values[i] * weights[i]; }
+SELECT name, count(*) FROM tokens WHERE length > 3 GROUP BY name ORDER BY 2 DESC;
+{"model": "mamba2", "layers": 24, "hidden": 768, "state": 128, "tied": true}
+<html><body><p class="note">A paragraph &amp; an entity.</p></body></html>
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 256 1024 65536 3.14159 2.71828 -1e-5 1,000,000 2026-12-01 12:34:56
+Punctuation: ... -- — ! ? ; : ' " ( ) [ ] { } < > / \\ | @ # $ % ^ & * _ + = ~ `
+Français : le cœur a ses raisons que la raison ne connaît point. Ça va très bien, merci !
+Deutsch: Größe, Straße, Übermut und Äpfel; schön, dass du da bist.
+Español: ¿Dónde está la biblioteca? ¡Mañana será otro día! El niño comió piña.
+Português: ação, coração, não, informação — obrigado pela atenção.
+Русский: Съешь же ещё этих мягких французских булок да выпей чаю.
+Ελληνικά: Ξεσκεπάζω την ψυχοφθόρα βδελυγμία.
+日本語：いろはにほへと ちりぬるを わかよたれそ つねならむ。東京は日本の首都です。
+中文：我能吞下玻璃而不伤身体。今天天气很好，我们去公园散步吧。
+한국어: 다람쥐 헌 쳇바퀴에 타고파. 안녕하세요, 만나서 반갑습니다.
+العربية: نص حكيم له سر قاطع وذو شأن عظيم مكتوب على ثوب أخضر.
+עברית: דג סקרן שט בים מאוכזב ולפתע מצא חברה.
+हिन्दी: ऋषियों को सताने वाले दुष्ट राक्षसों के राजा रावण का सर्वनाश करने वाले विष्णुवतार भगवान श्रीराम।
+ไทย: เป็นมนุษย์สุดประเสริฐเลิศคุณค่า
+Emoji: 😀 😂 🥲 👍 🎉 🚀 🌊 🦢 ❤️ 🏳️‍🌈 👩🏽‍💻 🇯🇵
+Math: ∀x ∈ ℝ, x² ≥ 0; ∑ᵢ aᵢ = ∫₀¹ f(t) dt; α β γ δ ε λ μ π σ ω ∞ ≈ ≠ ≤ ≥ → ⇒
+Tabs	and	spaces    and
+newlines
+
+and    runs     of      whitespace.
+User: What is two plus two?
+
+Assistant: Two plus two is four.
+User: Thank you!
+
+Assistant: You are welcome. Is there anything else I can help with?
+"""
+
+
+@contextlib.contextmanager
+def _one_thread():
+    old = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = old
+
+
+def synthetic_tokenizer_json(vocab_size: int = SYNTHETIC_VOCAB_SIZE) -> str:
+    """tokenizer.json text of the synthetic byte-level BPE (deterministic: see the module doc).
+    Its vocabulary has exactly ``vocab_size`` ids (256 bytes + ``<|endoftext|>`` + merges)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=1, show_progress=False,
+                                  special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    lines = sorted(SYNTHETIC_CORPUS.splitlines(keepends=True))
+    with _one_thread():
+        tok.train_from_iterator(lines, trainer=trainer, length=len(lines))
+    got = tok.get_vocab_size(with_added_tokens=True)
+    if got != vocab_size:
+        raise ValueError(f"the synthetic corpus yields {got} tokens, not {vocab_size}: choose a smaller vocab_size")
+    return json.dumps(json.loads(tok.to_str()), ensure_ascii=False, sort_keys=True, indent=1) + "\n"
+
+
+def synthetic(vocab_size: int = SYNTHETIC_VOCAB_SIZE) -> BPETokenizer:
+    return from_json(synthetic_tokenizer_json(vocab_size), "synthetic tokenizer.json")
