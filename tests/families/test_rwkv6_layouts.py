@@ -121,17 +121,27 @@ def test_synthetic_is_deterministic_and_realistic(tmp_path):
 
 
 def test_geometry_from_shape_and_dict():
-    g = FAM.geometry_from_shape({"layers": 2, "hidden": 128, "ffn": 448, "vocab": 512,
-                                 "mix_lora": 16, "decay_lora": 32}, "config.yaml")
+    shape = {"layers": 2, "hidden": 128, "head_dim": 64, "ffn": 448, "vocab": 512, "mix_lora": 16, "decay_lora": 32}
+    g = FAM.geometry_from_shape(shape, "config.yaml")
     assert g == G and FAM.geometry_from_dict(g.as_dict()) == g
-    assert FAM.geometry_from_shape({"layers": 1, "hidden": 64, "ffn": 224, "vocab": 10}, "c").mix_lora == 32
-    for shape, what in [({"layers": 1, "hidden": 64, "ffn": 224}, "missing 'vocab'"),
-                        ({"layers": 1, "hidden": 64, "ffn": 224, "vocab": 9, "a_lora": 4}, "unknown key 'a_lora'"),
-                        ({"layers": 1, "hidden": 96, "ffn": 224, "vocab": 9}, "not a multiple of head_dim")]:
+    assert set(FAM.shape_keys) == set(shape)
+    for bad, what in [({k: v for k, v in shape.items() if k != "vocab"}, "lacks 'vocab'"),
+                      ({**shape, "a_lora": 4}, "key 'a_lora'"),
+                      ({**shape, "mix_lora": 0}, "mix_lora must be a positive integer"),
+                      ({**shape, "hidden": 96}, "not a multiple of head_dim")]:
         with pytest.raises(PipelineError) as e:
-            FAM.geometry_from_shape(shape, "config.yaml")
+            FAM.geometry_from_shape(bad, "config.yaml")
         assert what in one_line(e.value)
-    assert FAM.parameter_count(G) == sum(t.numel() for t in FAM.synthetic_tensors(G, 0) for t in [t[1]])
+    assert FAM.parameter_count(G) == sum(t.numel() for _, t in FAM.synthetic_tensors(G, 0))
+
+
+def test_decode_skeleton_has_the_linears():
+    import torch.nn as nn
+
+    sk = FAM.decode_skeleton(G, torch.float32)
+    dec = FAM.build_decode(dict(FAM.synthetic_tensors(G, 0)), G, torch.float32)
+    shapes = lambda m: {n: tuple(x.weight.shape) for n, x in m.named_modules() if isinstance(x, nn.Linear)}  # noqa: E731
+    assert shapes(sk) == shapes(dec) and all(p.is_meta for p in sk.parameters())
 
 
 def test_geometry_from_config_errors_and_defaults():
@@ -170,3 +180,20 @@ def test_blinkdl_names_match_families_md():
             "blocks.0.ffn.value.weight": (64, 224), "ln_out.weight": (64,), "ln_out.bias": (64,),
             "head.weight": (10, 64)}
     assert names == want
+
+
+@pytest.mark.parametrize("layout", FAM.layouts)
+def test_generic_reader_reads_both_layouts(sd, layout, tmp_path):
+    """checkpoints/reader.py (what the source stage uses) on each layout: geometry, family,
+    normal form byte-identical; the streamed normalisation writes the same bytes as the hf file."""
+    from recurrent_coreai.checkpoints.reader import read_checkpoint, write_normalized
+
+    path = FAM.write_layout(sd, tmp_path / "src", layout)
+    src = path if layout == "blinkdl" else path.parent
+    ck = read_checkpoint(src)
+    assert ck.layout == layout and ck.geometry == G
+    assert_identical(ck.tensors, sd)
+    dst = tmp_path / "normal.safetensors"
+    write_normalized(src, dst, FAM)
+    want = FAM.write_layout(sd, tmp_path / "want", "hf")
+    assert dst.read_bytes() == want.read_bytes()

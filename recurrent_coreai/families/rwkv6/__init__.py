@@ -61,7 +61,7 @@ class Rwkv6Family(Family):
 
     # --- geometry -------------------------------------------------------------------------
     def geometry_from_shape(self, shape: Mapping, where: str | Path) -> Geometry:
-        return _geometry.geometry_from_shape(shape, where)
+        return _geometry.geometry_from_shape(self, shape, where)
 
     def geometry_from_config(self, cfg: Any, where: str | Path) -> Geometry:
         return _geometry.geometry_from_config(cfg, where)
@@ -89,7 +89,10 @@ class Rwkv6Family(Family):
     def normalize(self, sd: Mapping[str, Any], geom: Geometry, where: str | Path) -> dict[str, Any]:
         return _layouts.normalize(sd, geom, where)
 
-    def normal_parts(self, layout: str, name: str, tensor: Any) -> list[tuple[str, Any]] | None:
+    def streams(self, layout: str) -> bool:
+        return layout in _layouts.LAYOUTS      # both are renames: normalised tensor by tensor
+
+    def normal_parts(self, layout: str, name: str, tensor: Any) -> list[tuple[str, Any]]:
         return _layouts.normal_parts(layout, name, tensor)
 
     def synthetic_tensors(self, geom: Geometry, seed: int) -> Iterator[tuple[str, Any]]:
@@ -118,6 +121,14 @@ class Rwkv6Family(Family):
         from recurrent_coreai.families.rwkv6.export_modules import build_decode
 
         return build_decode(weights, geom, dtype, each_linear)
+
+    def decode_skeleton(self, geom: Geometry, dtype: Any) -> Any:
+        import torch
+
+        from recurrent_coreai.families.rwkv6.export_modules import Rwkv6Decode
+
+        with torch.device("meta"):
+            return Rwkv6Decode(geom, dtype)
 
     def build_prefill(self, decode: Any, chunk: int) -> Any:
         from recurrent_coreai.families.rwkv6.export_modules import build_prefill

@@ -102,23 +102,13 @@ def parameter_count(g: Geometry) -> int:
 
 
 # --- config.yaml source.shape ----------------------------------------------------------------
-SHAPE_KEYS = tuple(f.name for f in fields(Geometry))
-_SHAPE_REQUIRED = ("layers", "hidden", "ffn", "vocab")
+SHAPE_KEYS = ("layers", "hidden", "head_dim", "ffn", "vocab", "mix_lora", "decay_lora")  # all required
 
 
-def geometry_from_shape(shape: Mapping, where: str | Path) -> Geometry:
-    if not isinstance(shape, Mapping):
-        raise PipelineError(where, f"source.shape is a {type(shape).__name__}, not a mapping",
-                            f"give source.shape as {{{', '.join(_SHAPE_REQUIRED)}: ...}}")
-    unknown = sorted(set(shape) - set(SHAPE_KEYS))
-    if unknown:
-        raise PipelineError(where, f"source.shape has unknown key {unknown[0]!r} for rwkv6",
-                            f"use only {', '.join(SHAPE_KEYS)}")
-    missing = [k for k in _SHAPE_REQUIRED if k not in shape]
-    if missing:
-        raise PipelineError(where, f"source.shape is missing {missing[0]!r}",
-                            f"give {', '.join(_SHAPE_REQUIRED)} (optional: head_dim, mix_lora, decay_lora, norm_eps)")
-    return Geometry(**dict(shape)).check(where)
+def geometry_from_shape(family, shape: Mapping, where: str | Path) -> Geometry:
+    """Exactly :data:`SHAPE_KEYS`, positive integers (``base.shape_to``): the LoRA widths are
+    named, never assumed; norm_eps is RWKV-6's 1e-5."""
+    return base.shape_to(Geometry, family, shape, where)
 
 
 def geometry_from_dict(d: Mapping) -> Geometry:

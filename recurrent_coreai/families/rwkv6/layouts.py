@@ -79,14 +79,14 @@ def original_name(layout: str, normal: str) -> str:
     return to_blinkdl_name(normal) if layout == BLINKDL else normal
 
 
-def normal_parts(layout: str, name: str, tensor: Any) -> list[tuple[str, Any]] | None:
+def normal_parts(layout: str, name: str, tensor: Any) -> list[tuple[str, Any]]:
     """One stored tensor -> its normal-form tensor (a rename). A BlinkDL name with no place in
     x060 keeps its own name, so that :func:`normalize` reports it as unexpected."""
     if layout == HF:
         return [(name, tensor)]
     if layout == BLINKDL:
         return [(from_blinkdl_name(name) or name, tensor)]
-    return None
+    raise ValueError(f"unknown rwkv6 layout {layout!r} (one of {', '.join(LAYOUTS)})")
 
 
 def normalize(sd: Mapping[str, Any], geom: Geometry, where: str | Path, layout: str | None = None) -> dict[str, Any]:
