@@ -6,13 +6,21 @@ import os
 
 from snakemake.utils import min_version, validate
 
-from recurrent_coreai.pipeline.config import read_yaml
+from recurrent_coreai.pipeline.config import check_config_files
 from recurrent_coreai.util.errors import exit_on_error
 
 min_version("9.27")
 
-if os.path.exists("config.yaml"):
-    exit_on_error(lambda: read_yaml("config.yaml"))  # a YAML error names the file and line
+# Every file this run merges, before `configfile:` reads config.yaml (Snakemake read the
+# --configfile ones already, keeping the last of duplicate keys): a YAML error names the file and
+# line, a duplicate key both lines; an empty file or one that is not a mapping is one line too.
+# (A --configfile that is missing, empty or not YAML never gets here: Snakemake's command line
+# parser refuses it first, with its own message.)
+exit_on_error(
+    lambda: check_config_files(
+        (["config.yaml"] if os.path.exists("config.yaml") else []) + list(map(str, workflow.overwrite_configfiles))
+    )
+)
 
 
 configfile: "config.yaml"
