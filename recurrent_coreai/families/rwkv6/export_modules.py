@@ -30,7 +30,7 @@ from torch import nn
 
 from recurrent_coreai.coreai.layers import last_row, linear, token_shift, wide
 from recurrent_coreai.families.rwkv6 import chunked
-from recurrent_coreai.families.rwkv6.geometry import ATT_LINEARS, FFN_LINEARS, MAA, MIX, Geometry
+from recurrent_coreai.families.rwkv6.geometry import ATT_LINEARS, MAA, MIX, Geometry
 
 PREFILL_CHUNK = 64
 WIDE_PARAMS = ("time_decay", "time_faaaa")   # kept in fp32 (at least) in every graph
