@@ -208,7 +208,10 @@ def _with_models(raw: dict, *names: str) -> dict:
 
 
 def test_the_reserved_names_come_from_the_layout():
-    assert set(config.reserved_model_names()) == {"logs", "toolchain.json", "toolchain.log"}
+    assert config.reserved_model_names() == {
+        "logs": ("results/", "results/logs/ holds every model's job logs"),
+        "toolchain.json": ("results/", "results/toolchain.json is the toolchain record"),
+        "toolchain.log": ("results/logs/", "results/logs/toolchain.log is the toolchain job's log")}
 
 
 @pytest.mark.parametrize("name, clash", [

@@ -368,54 +368,42 @@ def _duplicate_key(path: Path, exc: DuplicateKeyError) -> PipelineError:
                          "the last one)", "keep one of the two")
 
 
-class _DuplicateJsonKey(ValueError):
-    pass
+class _JsonPairs(list):
+    """A JSON object as its (key, value) pairs, duplicates kept (json's object_pairs_hook)."""
 
 
-def _json_pairs(pairs: list[tuple[str, object]]) -> dict:
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateJsonKey(key)
-        out[key] = value
-    return out
+def _json_duplicate(value, path: tuple[str, ...] = ()) -> str | None:
+    """The path of the first key given twice in one object of JSON read with ``_JsonPairs``."""
+    if isinstance(value, _JsonPairs):
+        keys: set[str] = set()
+        for key, item in value:
+            if key in keys:
+                return "/".join(path + (key,))
+            keys.add(key)
+            if (found := _json_duplicate(item, path + (key,))) is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if (found := _json_duplicate(item, path + (str(i),))) is not None:
+                return found
+    return None
 
 
 def _read_config_file(path: Path) -> object:
-    """A config file as Snakemake reads it (JSON first, then YAML), refusing duplicate keys."""
+    """A config file as Snakemake reads it (JSON or YAML), refusing duplicate keys: as YAML
+    (errors with lines), else as JSON (a JSON file YAML cannot read, e.g. tab-indented)."""
     try:
         return read_yaml(path)
     except PipelineError as yaml_error:
         try:
-            return json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_json_pairs)
-        except _DuplicateJsonKey as exc:
-            # which mapping holds it: JSON's pairs hook sees no path, so find it by decoding again
-            key = _json_duplicate_path(path.read_text(encoding="utf-8")) or str(exc)
-            raise PipelineError(path, f"duplicate key {key} (JSON silently keeps the last one)",
-                                "keep one of the two") from None
+            text = path.read_text(encoding="utf-8")
+            duplicate = _json_duplicate(json.loads(text, object_pairs_hook=_JsonPairs))
         except (ValueError, OSError):
             raise yaml_error from None
-
-
-def _json_duplicate_path(text: str) -> str | None:
-    found: list[str] = []
-
-    def walk(value, path):
-        if isinstance(value, list) and value and value[0] == _PAIRS:
-            keys = [k for k, _ in value[1]]
-            for k, v in value[1]:
-                if not found and keys.count(k) > 1:
-                    found.append("/".join(path + [k]))
-                walk(v, path + [k])
-        elif isinstance(value, list):
-            for i, v in enumerate(value):
-                walk(v, path + [str(i)])
-
-    walk(json.loads(text, object_pairs_hook=lambda pairs: [_PAIRS, pairs]), [])
-    return found[0] if found else None
-
-
-_PAIRS = object()
+        if duplicate is not None:
+            raise PipelineError(path, f"duplicate key {duplicate} (JSON silently keeps the last one)",
+                                "keep one of the two") from None
+        return json.loads(text)
 
 
 def check_config_files(paths) -> None:
@@ -490,72 +478,69 @@ def _refuse_non_finite(cfg: dict, where: str) -> None:
 
 # A fixed name beside the model directories that Layout does not return: rules/source.smk's
 # toolchain log (results/logs/toolchain.log, beside results/logs/<model>/).
-_UNLAYOUT_PATHS = {("logs", "toolchain.log"): "is the toolchain job's log"}
-_LAYOUT_WHAT = {"toolchain": "is the toolchain record", "log": "holds every model's job logs"}
+_OTHER_PATHS = {("logs", "toolchain.log"): "the toolchain job's log"}
+_LAYOUT_WHAT = {"toolchain": "the toolchain record", "log": "every model's job logs"}
 
 
-def reserved_model_names() -> dict[str, str]:
-    """Names the results layout (paths.Layout) already uses where a model's name goes: each
-    fixed name beside a ``<model>`` path component, at the same depth under the same parent
-    (results/toolchain.json beside results/<model>/; results/logs/ beside it too, and
-    results/logs/toolchain.log beside results/logs/<model>/). Name -> "results/...: what"."""
+def _layout_paths() -> list[tuple[tuple[str, ...], str]]:
+    """Every path of paths.Layout below results/ (wildcards as ``{name}``, the model as
+    ``\0model``), each with what it holds; then _OTHER_PATHS."""
     import inspect
 
     from recurrent_coreai.pipeline.paths import Layout
 
-    model = "\0model"
-    lay = Layout("results", model)
-    found: list[tuple[tuple[str, ...], str]] = []
+    lay = Layout("results", "\0model")
+    out = []
     for attr, member in vars(Layout).items():
         if isinstance(member, property):
             path = getattr(lay, attr)
         elif inspect.isfunction(member) and not attr.startswith("_"):
-            params = list(inspect.signature(member).parameters)[1:]
-            path = member(lay, *(f"{{{p}}}" for p in params))
+            path = member(lay, *(f"{{{p}}}" for p in list(inspect.signature(member).parameters)[1:]))
         else:
             continue
-        parts = Path(path).relative_to("results").parts
-        found.append((parts, attr))
-    found += [(k, "results/" + "/".join(k) + " " + v) for k, v in _UNLAYOUT_PATHS.items()]  # after Layout's
-    out: dict[str, str] = {}
-    for parts, attr in found:
-        if model not in parts:
+        out.append((Path(path).relative_to("results").parts, _LAYOUT_WHAT.get(attr, f"Layout.{attr}")))
+    return out + list(_OTHER_PATHS.items())
+
+
+def reserved_model_names() -> dict[str, tuple[str, str]]:
+    """Names the results layout already uses where a model's name goes: each fixed name beside
+    a ``<model>`` path component, under the same parent (results/toolchain.json and results/logs/
+    beside results/<model>/; results/logs/toolchain.log beside results/logs/<model>/).
+    Name -> (the parent, e.g. "results/logs/"; "results/<name>[/] is|holds <what>")."""
+    paths = _layout_paths()
+    out: dict[str, tuple[str, str]] = {}
+    for parts, _ in paths:
+        if "\0model" not in parts:
             continue
-        depth = parts.index(model)
-        for other, other_attr in found:
-            if len(other) > depth and other[:depth] == parts[:depth] and other[depth] != model:
-                name = other[depth]
-                if other_attr.startswith("results/"):  # one of _UNLAYOUT_PATHS
-                    out.setdefault(name, other_attr)
-                else:
-                    shown = "results/" + "/".join(other[:depth + 1]) + ("/" if len(other) > depth + 1 else "")
-                    out.setdefault(name, f"{shown} {_LAYOUT_WHAT.get(other_attr, f'is Layout.{other_attr}')}")
+        depth = parts.index("\0model")
+        parent = "/".join(("results",) + parts[:depth]) + "/"
+        for other, what in paths:
+            if len(other) > depth and other[:depth] == parts[:depth] and other[depth] != "\0model":
+                name, is_dir = other[depth], len(other) > depth + 1
+                out.setdefault(name, (parent, f"{parent}{name}{'/ holds' if is_dir else ' is'} {what}"))
     return out
 
 
 def _refuse_reserved_model_names(cfg: dict, where: str) -> None:
-    """A model named like a fixed name of the results layout shares its directory with that
+    """A model named like a fixed name of the results layout shares its directory with it
     (model `logs`: results/logs/ holds every model's job logs; `toolchain.json`: Snakemake's
     ChildIOException). Compared ignoring case, as macOS's file system does; two models that
     differ only in case share a directory there too."""
     reserved = reserved_model_names()
     folded = {name.casefold(): name for name in reserved}
-    names = sorted(cfg["models"])
+    names = list(cfg["models"])
     for name in names:
-        clash = folded.get(name.casefold())
-        if clash is None:
+        if name.casefold() not in folded:
             continue
-        what = reserved[clash]
-        under = "results/" + ("logs/" if what.startswith("results/logs/") and clash != "logs" else "")
-        kind = "job logs" if under.endswith("logs/") else "outputs"
-        fix_names = ", ".join(n for n in sorted(reserved) if not reserved[n].startswith("results/logs/" + n))
-        inner = ", ".join(n for n in sorted(reserved) if reserved[n].startswith("results/logs/" + n))
-        raise PipelineError(where, f"models/{name}: the name is taken: {what}, and this model's {kind} would go "
-                            f"to {under}{name.casefold() if clash != name else name}/",
-                            f"rename the model (names the results layout uses: {fix_names}"
-                            + (f", and {inner} for the logs" if inner else "") + "; compared ignoring case)")
+        parent, clash = reserved[folded[name.casefold()]]
+        kind = "outputs" if parent == "results/" else "job logs"
+        uses = [n for n in sorted(reserved) if reserved[n][0] == "results/"]
+        deeper = [f"{n} for the logs" for n in sorted(reserved) if reserved[n][0] == "results/logs/"]
+        raise PipelineError(where, f"models/{name}: the name is taken: {clash}, and this model's {kind} would go "
+                            f"to {parent}{name}/", f"rename the model (names the results layout uses: "
+                            f"{', '.join(uses)}{', and ' + ', '.join(deeper) if deeper else ''}; compared ignoring case)")
     seen: dict[str, str] = {}
-    for name in names:
+    for name in sorted(names):
         other = seen.setdefault(name.casefold(), name)
         if other != name:
             raise PipelineError(where, f"models/{other} and models/{name} differ only in case: on a case-insensitive "
