@@ -41,7 +41,8 @@ def test_the_1_5b_entries_stage_the_shipped_repos_layout(cfg, model):
     """The shipped recipe (int8keepproj) under the bare name, other recipes suffixed; each
     target's folder holds <bundle>.<target>.aimodelc beside the vocabulary (what publish stages:
     tests/test_publish.py checks the staged tree against paths.published_folders)."""
-    from recurrent_coreai.pipeline.paths import VOCAB_TSV, bundle_name, published_folders
+    from recurrent_coreai.pipeline.paths import bundle_name, published_folders
+    from recurrent_coreai.tokenizers.world import DEVICE_FILE as VOCAB_TSV
 
     m = cfg["models"][model]
     assert (m["dir"], m["shipped"], m["recipes"]) == ("rwkv7_goose_1_5b", "int8keepproj", ["fp16", "int8keepproj"])
@@ -55,14 +56,14 @@ def test_the_1_5b_entries_stage_the_shipped_repos_layout(cfg, model):
 
 
 def test_the_1_5b_shape_entry_has_the_real_geometry(cfg):
-    from recurrent_coreai.families.rwkv7.geometry import Geometry
-    from recurrent_coreai.pipeline.resources import parameters
+    from recurrent_coreai import families
 
+    family = families.get(cfg["models"]["rwkv7-1.5b-shape"]["family"])
     src = cfg["models"]["rwkv7-1.5b-shape"]["source"]
     assert src["kind"] == "synthetic" and src["layout"] == "fla-packed"
     assert src["shape"] == {"layers": 24, "hidden": 2048, "head_dim": 64, "ffn": 8192, "vocab": 65536,
                             "decay_lora": 96, "a_lora": 96, "v_lora": 64, "gate_lora": 256}
-    assert parameters(Geometry(**src["shape"])) == 1_527_404_544  # the real 1.5B's count: ~6.1 GB in fp32
+    assert family.parameter_count(family.geometry_from_shape(src["shape"], "config.yaml")) == 1_527_404_544  # the real 1.5B's count: ~6.1 GB in fp32
 
 
 def test_build_override_selects_models(raw):
@@ -180,7 +181,7 @@ def test_a_config_file_holding_only_one_model_merges_and_builds_it(repo_root, ra
     """Snakemake deep-merges --configfile over config.yaml; the stages see the same merge, so the
     new model builds (here: its source) and config.yaml's model is planned too."""
     own = {"results": str(tmp_path / "res"), "models": {"t": {
-        "enabled": True, "dir": "t", "source": {"kind": "synthetic", "seed": 7, "shape": {
+        "family": "rwkv7", "enabled": True, "dir": "t", "source": {"kind": "synthetic", "seed": 7, "shape": {
             "layers": 1, "hidden": 64, "head_dim": 64, "ffn": 128, "vocab": 65536,
             "decay_lora": 8, "a_lora": 8, "v_lora": 8, "gate_lora": 8}},
         "recipes": ["fp32"], "targets": ["universal"], "publish": {"repo": None, "push": False}}}}
