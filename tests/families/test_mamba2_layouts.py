@@ -66,6 +66,7 @@ def test_both_config_styles_give_the_same_geometry():
     a = FAMILY.geometry_from_config(hf_cfg(), "config.json")
     b = FAMILY.geometry_from_config(json.loads(json.dumps(ORIGINAL_130M)), "config.json")
     assert a == b
+    assert 128e6 < FAMILY.parameter_count(b) < 131e6   # "mamba2-130m": the tied head counted once
     assert b.vocab == 50288 and b.tie_embeddings  # padded to a multiple of 16, tied by default
     g = geometry("g4-tied")
     assert FAMILY.geometry_from_config(FAMILY.config_json(g), "c") == g

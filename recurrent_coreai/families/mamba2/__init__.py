@@ -52,6 +52,11 @@ class Mamba2Family(base.Family):
     def geometry_from_dict(self, d: Mapping) -> Geometry:
         return Geometry(**dict(d)).check("geometry record")
 
+    def parameter_count(self, geom: Geometry) -> int:
+        """The model's own parameters: a tied head is the embedding, counted once (the normal
+        form holds it twice)."""
+        return super().parameter_count(geom) - (geom.vocab * geom.hidden if geom.tie_embeddings else 0)
+
     def config_json(self, geom: Geometry) -> dict:
         return _geometry.hf_config(geom)
 
