@@ -83,14 +83,14 @@ def test_synthetic_same_bytes_in_two_processes():
 def test_load_verifies(tmp_path, tok):
     path = tmp_path / "tokenizer.json"
     path.write_text(tok.json_text, encoding="utf-8")
-    again = bpe.load(path, sha256=tok.sha256, vocab_size=1024)
+    again = bpe.load_file(path, sha256=tok.sha256, vocab_size=1024)
     assert again.table() == tok.table()
     with pytest.raises(PipelineError, match="sha256 is"):
-        bpe.load(path, sha256="0" * 64)
+        bpe.load_file(path, sha256="0" * 64)
     with pytest.raises(PipelineError, match="has 1024 tokens, the model only 1000"):
-        bpe.load(path, vocab_size=1000)
+        bpe.load_file(path, vocab_size=1000)
     with pytest.raises(PipelineError, match="tokenizer.json is missing"):
-        bpe.load(tmp_path / "nope.json")
+        bpe.load_file(tmp_path / "nope.json")
 
 
 def _one_line(exc) -> str:
@@ -104,7 +104,7 @@ def test_not_byte_level_is_one_line(tmp_path, tok):
     path = tmp_path / "tokenizer.json"
     path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
     with pytest.raises(PipelineError) as e:
-        bpe.load(path)
+        bpe.load_file(path)
     assert "'▁word' holds '▁' (U+2581), which is not in the byte-level alphabet" in _one_line(e.value)
 
 
@@ -112,7 +112,7 @@ def test_broken_json_is_one_line(tmp_path):
     path = tmp_path / "tokenizer.json"
     path.write_text('{"model": ', encoding="utf-8")
     with pytest.raises(PipelineError) as e:
-        bpe.load(path)
+        bpe.load_file(path)
     assert "is not a valid tokenizer.json" in _one_line(e.value)
 
 
@@ -128,3 +128,27 @@ def test_non_special_added_token_is_its_text(tok):
     assert ext.token_bytes(spaces) == b"    " and ext.token_bytes(pad) == b""
     ids = ext.encode("a    b")
     assert spaces in ids and ext.decode_bytes(ids) == b"a    b"
+
+
+def test_kind_interface(tmp_path):
+    """source_files -> bake_stage -> load: the same tokenizer; the device TSV holds every id's bytes."""
+    import base64
+
+    from recurrent_coreai import tokenizers
+
+    kind = tokenizers.kind("hf-bpe")
+    assert kind is bpe
+    src, out = tmp_path / "source", tmp_path / "vocab"
+    src.mkdir()
+    kind.source_files(src, {})
+    report = kind.bake_stage(src, out, {})
+    assert report["entries"] == 1024 and sorted(report["files"]) == sorted(p.name for p in out.iterdir())
+    tok = kind.load(out)
+    rows = (out / bpe.DEVICE_FILE).read_text().splitlines()
+    assert len(rows) == len(tok) == 1024
+    assert all(base64.b64decode(r.split("\t")[1]) == tok.token_bytes(int(r.split("\t")[0])) for r in rows)
+    assert tok.prompt("hi")[:1] == [0] and tok.decode_bytes(tok.prompt("hi")) == b"User: hi\n\nAssistant:"
+    carried = kind.carry(src, tmp_path, {"sha256": tok.sha256})
+    assert [p.name for p in carried] == ["tokenizer.json", "tokenizer_config.json"]
+    with pytest.raises(PipelineError, match="sha256 is"):
+        kind.carry(src, tmp_path, {"sha256": "f" * 64})

@@ -2,7 +2,7 @@
 GPT-NeoX style, what Mamba-2 checkpoints ship), loaded and verified with the ``tokenizers``
 library, plus a small deterministic byte-level BPE for synthetic models.
 
-* :func:`load` reads a ``tokenizer.json`` (sha256 checked if given), checks that it is a
+* :func:`load_file` reads a ``tokenizer.json`` (sha256 checked if given), checks that it is a
   byte-level BPE (every vocabulary string maps back to bytes through the inverse of GPT-2's
   bytes-to-unicode table) and round-trips :data:`CHECK_CORPUS` (decode of encode is byte-exact).
 * :meth:`BPETokenizer.token_bytes` gives each id's bytes, for streaming output (special tokens
@@ -17,6 +17,13 @@ library, plus a small deterministic byte-level BPE for synthetic models.
   with ``TOKENIZERS_PARALLELISM=false`` (one thread), on one fixed, sorted list of corpus lines,
   and the JSON is written with sorted keys; tests/test_bpe_tokenizer.py compares two processes.
 
+The kind interface (tokenizers/__init__.py): :func:`bake_stage` (the vocab stage: the source's
+tokenizer.json verified and copied, plus ``bpe_vocab.tsv``, id -> base64 of the token's bytes, the
+same format as the World kind's device file), :func:`load` (over a vocab stage output),
+:func:`source_files` (a synthetic source's tokenizer.json), :func:`carry` (a checkpoint's),
+``DESCRIPTION`` and ``CHAT_DESCRIPTION``. Settings keys read (all optional): ``sha256`` (of the
+checkpoint's tokenizer.json), ``vocab_size`` (of the synthetic tokenizer, default 1024).
+
 Shared layer: no family imports.
 """
 
@@ -28,12 +35,18 @@ import json
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Mapping
 
 from recurrent_coreai.util.errors import PipelineError
 
 EOS = "<|endoftext|>"
 SYNTHETIC_VOCAB_SIZE = 1024
+TOKENIZER_FILE = "tokenizer.json"
+DEVICE_FILE = "bpe_vocab.tsv"   # id \t base64(token bytes), ids ascending (special tokens: empty)
+CHAT = "User: {prompt}\n\nAssistant:"
+DESCRIPTION = "byte-level BPE (Hugging Face tokenizer.json, GPT-2/GPT-NeoX style)"
+CHAT_DESCRIPTION = "<|endoftext|>, then 'User: {prompt}\\n\\nAssistant:'; end of text = <|endoftext|>"
+CARRY = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 # Strings every loaded tokenizer must round-trip byte-exactly (str: the UTF-8 of each).
 CHECK_CORPUS: tuple[str, ...] = (
@@ -124,6 +137,16 @@ class BPETokenizer:
             raise PipelineError(where, f"has no single-byte token for byte {missing[0]:#04x} ({len(missing)} bytes "
                                 "missing)", "a byte-level BPE must hold all 256 bytes (train with the ByteLevel alphabet)")
         self.special_ids = sorted(i for i, a in self.added.items() if a.get("special"))
+        eos = self.tok.token_to_id(EOS)
+        self.eos = eos if eos is not None else (self.special_ids[0] if self.special_ids else None)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def prompt(self, text: str, chat: bool = True) -> list[int]:
+        """End-of-text first (a document boundary), then the chat-formatted prompt or the raw text."""
+        head = [] if self.eos is None else [self.eos]
+        return head + self.encode(CHAT.format(prompt=text) if chat else text)
 
     # --- encode / decode -----------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -192,7 +215,7 @@ def from_json(text: str, where: str | Path = "tokenizer.json", sha256: str | Non
     return tok
 
 
-def load(path: str | Path, sha256: str | None = None, vocab_size: int | None = None) -> BPETokenizer:
+def load_file(path: str | Path, sha256: str | None = None, vocab_size: int | None = None) -> BPETokenizer:
     """A tokenizer.json from disk, verified (sha256 if given; byte-level; round trip; and, if given,
     no more ids than the model's embedding rows)."""
     path = Path(path)
@@ -300,3 +323,53 @@ def synthetic_tokenizer_json(vocab_size: int = SYNTHETIC_VOCAB_SIZE) -> str:
 
 def synthetic(vocab_size: int = SYNTHETIC_VOCAB_SIZE) -> BPETokenizer:
     return from_json(synthetic_tokenizer_json(vocab_size), "synthetic tokenizer.json")
+
+
+# --- the kind interface (tokenizers/__init__.py) ------------------------------------------------
+def tsv_text(tok: BPETokenizer) -> str:
+    import base64
+
+    return "".join(f"{i}\t{base64.b64encode(raw).decode('ascii')}\n" for i, raw in tok.table().items())
+
+
+def load(vocab_dir: Path) -> BPETokenizer:
+    """The tokenizer over a vocab stage output (its tokenizer.json, verified again)."""
+    return load_file(Path(vocab_dir) / TOKENIZER_FILE)
+
+
+def source_files(out: Path, settings: Mapping) -> None:
+    """A synthetic source's tokenizer files: the synthetic tokenizer.json and a tokenizer_config.json."""
+    text = synthetic_tokenizer_json(int(settings.get("vocab_size", SYNTHETIC_VOCAB_SIZE)))
+    (Path(out) / TOKENIZER_FILE).write_bytes(text.encode("utf-8"))
+    (Path(out) / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOS, "eos_token": EOS, "unk_token": EOS,
+        "model_max_length": 1000000000000000019884624838656}, indent=2, sort_keys=True) + "\n")
+
+
+def carry(base: Path, out: Path, settings: Mapping) -> list[Path]:
+    """Copy a checkpoint's tokenizer files into ``out`` (its tokenizer.json verified first); returns
+    the files read."""
+    import shutil
+
+    base = Path(base)
+    load_file(base / TOKENIZER_FILE, settings.get("sha256"))
+    carried = [base / name for name in CARRY if (base / name).is_file()]
+    for f in carried:
+        shutil.copyfile(f, Path(out) / f.name)
+    return carried
+
+
+def bake_stage(source_dir: Path, out_dir: Path, settings: Mapping) -> dict:
+    """The vocab stage for this kind: the source's tokenizer.json verified (sha256 if pinned, byte
+    level, round trip) and written to ``out_dir`` with the device table ``bpe_vocab.tsv``."""
+    from recurrent_coreai.util.fsutil import atomic_path
+
+    tok = load_file(Path(source_dir) / TOKENIZER_FILE, settings.get("sha256"))
+    checked = tok.check_round_trip()
+    with atomic_path(out_dir, directory=True) as tmp:
+        (tmp / TOKENIZER_FILE).write_bytes(tok.json_text.encode("utf-8"))
+        (tmp / DEVICE_FILE).write_text(tsv_text(tok), encoding="ascii")
+    return {"entries": tok.vocab_size, "sha256": tok.sha256, "corpus": len(CHECK_CORPUS), "corpus_tokens": checked,
+            "files": [TOKENIZER_FILE, DEVICE_FILE],
+            "summary": (f"{tok.vocab_size} tokens (sha256 {tok.sha256[:12]}) written with {DEVICE_FILE}; "
+                        f"corpus of {len(CHECK_CORPUS)} round-tripped byte-exactly")}
