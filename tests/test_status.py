@@ -72,7 +72,9 @@ def tree(tmp_path, repo_root, monkeypatch):
 def table(root: Path) -> dict[str, dict[str, str]]:
     from recurrent_coreai.pipeline import config
 
-    return {r["recipe"]: r for r in status.rows(config.load(root / "config.yaml"), root)}
+    found = status.survey(config.load(root / "config.yaml"), root)
+    assert found.problems == []
+    return {r["recipe"]: r for r in found.rows}
 
 
 def test_a_built_tree_shows_built_gated_and_published(tree):
@@ -125,7 +127,7 @@ def test_stages_missing_from_dvc_lock_and_a_missing_lock_are_said(tree):
 
 
 def test_the_command_prints_the_table_fast_and_without_torch(tree):
-    code = ("import sys; from recurrent_coreai import status; rc = status.main(sys.argv[1:]); "
+    code = ("import sys; from recurrent_coreai.tools import status; rc = status.main(sys.argv[1:]); "
             "assert 'torch' not in sys.modules and 'snakemake' not in sys.modules, 'status imported torch/snakemake'; "
             "sys.exit(rc)")
     before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
@@ -142,7 +144,7 @@ def test_the_command_prints_the_table_fast_and_without_torch(tree):
 
 def test_a_broken_config_is_one_line(tree):
     (tree / "config.yaml").write_text("results: [")
-    proc = subprocess.run([sys.executable, "-c", "import sys; from recurrent_coreai import status; sys.exit(status.main([]))"],
+    proc = subprocess.run([sys.executable, "-c", "import sys; from recurrent_coreai.tools import status; sys.exit(status.main([]))"],
                           cwd=tree, capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stderr.startswith("error: config.yaml: invalid YAML"), proc.stderr
     assert len(proc.stderr.splitlines()) == 1
@@ -151,7 +153,9 @@ def test_a_broken_config_is_one_line(tree):
 def test_the_rows_of_a_real_build(tiny_results, repo_root, cfg):
     """The session's real tree (stage entry points, real gates): every recipe built, gated, staged."""
     conf = {**cfg, "results": str(tiny_results)}
-    rows = {r["recipe"]: r for r in status.rows(conf, repo_root)}
+    found = status.survey(conf, repo_root)
+    assert found.problems == []
+    rows = {r["recipe"]: r for r in found.rows}
     for recipe in cfg["models"]["rwkv7-tiny"]["recipes"]:
         gate = json.loads(Layout(tiny_results, "rwkv7-tiny").gate_json(recipe).read_text())
         assert rows[recipe]["built"].startswith("yes") and rows[recipe]["gate"] == "pass"

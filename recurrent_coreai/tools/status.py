@@ -13,6 +13,16 @@ Snakemake, no torch.
   code`` hashes) has another md5 now, or is gone. A stage that starts importing another module
   must change one of its recorded files to do so, so the recorded md5s cover the file set too
   (re-deriving fingerprint.code_files would parse every module, ~1.5 s).
+
+A record it cannot read -- a gate JSON, ``export.json``, ``publish.json`` or ``toolchain.json``
+that is truncated, binary, not a JSON object or missing a key; a ``dvc.lock`` that is not the
+YAML DVC writes -- is never shown as "not built": its cell reads ``corrupt`` (the stale column
+``unknown: dvc.lock corrupt``). Status prints the whole table first, then ONE line per corrupt
+record on stderr (``error: <file>: <what> -- fix: <the stage to rerun>``) and exits 1: one run
+shows every broken record and every healthy row, instead of one per rerun.
+
+``status | head -3``: once the reader has closed the pipe, the rest of the table is dropped
+quietly and the exit is 0 (1 if there were corrupt records: those lines go to stderr).
 """
 
 from __future__ import annotations
@@ -20,6 +30,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -27,20 +40,62 @@ import yaml
 from recurrent_coreai.pipeline import config as cfgmod
 from recurrent_coreai.coreai import toolchain
 from recurrent_coreai.pipeline.dag import stage_name
-from recurrent_coreai.util.errors import main_guard
+from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.pipeline.fingerprint import ROOT
 from recurrent_coreai.pipeline.paths import Layout
 
+PROG = "python -m recurrent_coreai status"
 CODE_DIRS = ("recurrent_coreai/", "scripts/")
 MODEL_STAGES = ("source", "vocab", "reference", "card", "stage_and_push")
 COLUMNS = ("model", "recipe", "built", "gate", "top-1", "max|dlogits|", "published", "stale")
+CORRUPT = "corrupt"
+NUMBER = (int, float)
+# the keys status reads from each record, and their JSON types
+GATE_KEYS = {"pass": bool, "agree_counted": int, "counted": int, "max_abs_dlogits": NUMBER}
+EXPORT_KEYS = {"size_bytes": int}
+RECEIPT_KEYS = {"gates": dict}
+TOOLCHAIN_KEYS = {"versions": dict}
+LOCK_FIX = "restore it (git checkout -- dvc.lock); the next snakemake run records its stages into it again"
 
 
-def _json(path: Path) -> dict | None:
+@dataclass
+class Rerun:
+    """The stage that writes a record: its DVC name and the output ``snakemake --force`` rebuilds."""
+    stage: str
+    output: Path
+
+    def fix(self) -> str:
+        return f"rerun its stage {self.stage}: snakemake --cores 1 --force {self.output}"
+
+
+def _kind(value) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
+            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def read_record(path: Path, keys: dict, rerun: Rerun) -> dict | None:
+    """A JSON record with ``keys`` of the given types; None when there is none; a PipelineError
+    naming the file and the stage to rerun when it is not such a record."""
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        data = path.read_bytes()
+    except FileNotFoundError:
         return None
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise PipelineError(path, f"is not a JSON record (binary, {len(data)} bytes)", rerun.fix()) from None
+    except json.JSONDecodeError as exc:
+        what = "is empty" if not data.strip() else f"is not valid JSON (truncated? {exc.msg}: byte {exc.pos} of {len(data)})"
+        raise PipelineError(path, what, rerun.fix()) from None
+    if not isinstance(record, dict):
+        raise PipelineError(path, f"is {_kind(record)}, not a JSON object", rerun.fix())
+    for key, kind in keys.items():
+        if key not in record:
+            raise PipelineError(path, f"has no {key!r}", rerun.fix())
+        if not isinstance(record[key], kind) or (kind is not bool and isinstance(record[key], bool)):
+            raise PipelineError(path, f"{key!r} is {_kind(record[key])} ({json.dumps(record[key])[:40]})",
+                                rerun.fix())
+    return record
 
 
 def md5_of(path: Path) -> str | None:
@@ -53,22 +108,41 @@ def md5_of(path: Path) -> str | None:
 def read_lock(path: Path) -> dict[str, dict[str, str]] | None:
     """``{stage: {code file: md5}}`` from dvc.lock (only the code deps), or None without a lock."""
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         return None
+    except UnicodeDecodeError:
+        raise PipelineError(path, "is not UTF-8 text (binary?)", LOCK_FIX) from None
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    stages = (yaml.load(text, Loader=loader) or {}).get("stages", {})
-    return {name: {d["path"]: d.get("md5") for d in st.get("deps", []) if d["path"].startswith(CODE_DIRS)}
-            for name, st in stages.items()}
+    try:
+        lock = yaml.load(text, Loader=loader) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise PipelineError(path, f"is not valid YAML{at} ({getattr(exc, 'problem', None) or 'unreadable'})",
+                            LOCK_FIX) from None
+    if not isinstance(lock, dict):
+        raise PipelineError(path, f"is not a DVC lock file (its top level is {_kind(lock)}, not a mapping)", LOCK_FIX)
+    stages = lock.get("stages", {})
+    if not isinstance(stages, dict):
+        raise PipelineError(path, f"is not a DVC lock file (its stages are {_kind(stages)}, not a mapping)", LOCK_FIX)
+    out = {}
+    for name, st in stages.items():
+        deps = st.get("deps", []) if isinstance(st, dict) else None
+        if not isinstance(deps, list) or not all(isinstance(d, dict) and isinstance(d.get("path"), str) for d in deps):
+            raise PipelineError(path, f"stage {name!r} is not as DVC writes it (deps without a path)", LOCK_FIX)
+        out[name] = {d["path"]: d.get("md5") for d in deps if d["path"].startswith(CODE_DIRS)}
+    return out
 
 
-def toolchain_changes(results: Path) -> list[str]:
+def toolchain_changes(built: dict | None) -> list[str]:
     """``pkg old->new`` for every version that differs from the built tree's toolchain.json."""
-    built = (_json(results / "toolchain.json") or {}).get("versions")
     if built is None:
         return []
     now = toolchain.versions()
-    return [f"{k} {built.get(k)}->{now.get(k)}" for k in sorted(set(built) | set(now)) if built.get(k) != now.get(k)]
+    versions = built["versions"]
+    return [f"{k} {versions.get(k)}->{now.get(k)}" for k in sorted(set(versions) | set(now))
+            if versions.get(k) != now.get(k)]
 
 
 class CodeCheck:
@@ -103,12 +177,12 @@ def _stages_of(model: dict, name: str, recipe: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def _stale(pairs, tool: list[str], code: CodeCheck | None, built: bool) -> str:
+def _stale(pairs, tool: list[str], code: CodeCheck | str | None, built: bool) -> str:
     if not built:
         return "-"
     reasons = [f"toolchain ({', '.join(tool)})"] if tool else []
-    if code is None:
-        reasons.append("unknown: no dvc.lock")
+    if code is None or isinstance(code, str):
+        reasons.append(f"unknown: {code or 'no dvc.lock'}")
     else:
         checks = {rule: code.changed(stage) for rule, stage in pairs}
         changed = sorted({rule for rule, c in checks.items() if c})
@@ -119,36 +193,68 @@ def _stale(pairs, tool: list[str], code: CodeCheck | None, built: bool) -> str:
 
 
 def _published(receipt: dict | None, recipe: str) -> str:
-    if not receipt or recipe not in receipt.get("gates", {}):
+    if not receipt or recipe not in receipt["gates"]:
         return "no"
-    push = receipt.get("push", {})
+    push = receipt.get("push")
+    push = push if isinstance(push, dict) else {}
     return push["commit"] if push.get("pushed") and push.get("commit") else "staged"
 
 
-def rows(cfg: dict, root: Path = ROOT) -> list[dict[str, str]]:
+@dataclass
+class Survey:
+    """The table, and a PipelineError per record that could not be read."""
+    rows: list[dict[str, str]] = field(default_factory=list)
+    problems: list[PipelineError] = field(default_factory=list)
+
+    def read(self, path: Path, keys: dict, rerun: Rerun) -> dict | str | None:
+        """The record, None without one, or CORRUPT (and the error noted)."""
+        try:
+            return read_record(path, keys, rerun)
+        except PipelineError as exc:
+            self.problems.append(exc)
+            return CORRUPT
+
+
+def survey(cfg: dict, root: Path = ROOT) -> Survey:
     """The status of every model to build (and every model with something in results/)."""
+    out = Survey()
     results = root / cfg["results"]
-    lock = read_lock(root / "dvc.lock")
-    code = CodeCheck(lock, root) if lock is not None else None
-    tool = toolchain_changes(results)
+    try:
+        lock = read_lock(root / "dvc.lock")
+        code = CodeCheck(lock, root) if lock is not None else None
+    except PipelineError as exc:
+        out.problems.append(exc)
+        code = "dvc.lock corrupt"
+    lay0 = Layout(results, "")
+    built_tc = out.read(lay0.toolchain, TOOLCHAIN_KEYS, Rerun("toolchain", lay0.toolchain))
+    tool = ["toolchain.json corrupt"] if built_tc == CORRUPT else toolchain_changes(built_tc)
     names = sorted(set(cfgmod.models_to_build(cfg)) | {m for m in cfg["models"] if (results / m).is_dir()})
-    out = []
     for name in names:
         model, lay = cfg["models"][name], Layout(results, name)
-        receipt = _json(lay.publish / "publish.json")
+        receipt = out.read(lay.publish / "publish.json", RECEIPT_KEYS, Rerun(stage_name(
+            {"rule": "stage_and_push", "wildcards": {"model": name}}), lay.publish))
         for recipe in model["recipes"]:
-            export = _json(lay.export(recipe) / "export.json")
-            gate = _json(lay.gate_json(recipe)) or _json(lay.gate_json(recipe).with_suffix(".failed.json"))
+            wildcards = {"model": name, "recipe": recipe}
+            export = out.read(lay.export(recipe) / "export.json", EXPORT_KEYS,
+                              Rerun(stage_name({"rule": "export", "wildcards": wildcards}), lay.export(recipe)))
+            gate_rerun = Rerun(stage_name({"rule": "gate", "wildcards": wildcards}), lay.gate_json(recipe))
+            gate = out.read(lay.gate_json(recipe), GATE_KEYS, gate_rerun)
+            if gate is None:
+                gate = out.read(lay.gate_json(recipe).with_suffix(".failed.json"), GATE_KEYS, gate_rerun)
             row = {"model": name, "recipe": recipe, "built": "no", "gate": "-", "top-1": "-", "max|dlogits|": "-",
-                   "published": _published(receipt, recipe),
+                   "published": CORRUPT if receipt == CORRUPT else _published(receipt, recipe),
                    "stale": _stale(_stages_of(model, name, recipe), tool, code, export is not None)}
-            if export is not None:
+            if export == CORRUPT:
+                row["built"] = CORRUPT
+            elif export is not None:
                 row["built"] = f"yes ({export['size_bytes'] / 1e6:.1f} MB)"
-            if gate is not None:
-                row["gate"] = "pass" if gate.get("pass") else "FAIL"
+            if gate == CORRUPT:
+                row["gate"] = CORRUPT
+            elif gate is not None:
+                row["gate"] = "pass" if gate["pass"] else "FAIL"
                 row["top-1"] = f"{gate['agree_counted']}/{gate['counted']}"
                 row["max|dlogits|"] = f"{gate['max_abs_dlogits']:.3g}"
-            out.append(row)
+            out.rows.append(row)
     return out
 
 
@@ -159,13 +265,40 @@ def render(table: list[dict[str, str]]) -> str:
     return "\n".join(lines)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's usage errors as the house's one line (not usage + message, exit 2)."""
+
+    def error(self, message: str):
+        raise PipelineError(self.prog, message, f"see {self.prog} --help")
+
+
+def _print_table(text: str) -> None:
+    """The table on stdout; a reader that stops early (``| head``) ends it quietly."""
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # what is left in the buffer must not be flushed again at exit (that would print
+        # "Exception ignored ... BrokenPipeError"): stdout goes to /dev/null from here on
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 @main_guard
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m recurrent_coreai status", description=__doc__.split("\n\n")[0])
+    ap = _Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--config-file", default=cfgmod.DEFAULT_FILE, help="the config the tree was built with")
     ap.add_argument("--root", type=Path, default=Path("."),
                     help="repository root holding dvc.lock, the code and results/ (default: .)")
     ns = ap.parse_args(argv)
+    if not ns.root.is_dir():
+        raise PipelineError(ns.root, "--root is not a directory", "give the repository root (default: .)")
     cfg = cfgmod.load(ns.config_file)
-    print(render(rows(cfg, ns.root)))
+    found = survey(cfg, ns.root)
+    _print_table(render(found.rows))
+    for exc in found.problems[:-1]:  # the last one goes through main_guard, like any error
+        print(f"error: {exc}", file=sys.stderr)
+    if found.problems:
+        raise found.problems[-1]
     return 0
