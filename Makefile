@@ -32,7 +32,7 @@ browser:
 	  && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
 	  || echo "note: chromium is missing and cannot be installed here: the browser test will skip"
 
-test: setup browser
+test: setup browser lint
 	bash .ci/pytest.sh
 
 # the default DAG as SLURM jobs on a single-node SLURM started here (root; installs Debian's
@@ -45,9 +45,11 @@ test-cluster: setup
 verify: setup
 	DVC_SITE_CACHE_DIR="$$(mktemp -d)" dvc status
 
+# Snakemake's lint, dvc.yaml against the DAG, and the package's layers (import-linter, pyproject.toml)
 lint: setup
 	snakemake --lint
 	python scripts/gen_dvc.py --check
+	lint-imports
 
 bench: setup
 	python bench/bench_export_gate.py

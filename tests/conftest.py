@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("RWKV7_PROGRESS", "0")  # progress lines on stderr would break the one-line-error checks
+os.environ.setdefault("RECURRENT_COREAI_PROGRESS", "0")  # progress lines on stderr would break the one-line-error checks
 
 
 # The files that build whole trees, longest first: under pytest-xdist (--dist loadfile,

@@ -114,14 +114,17 @@ def test_device_compile_is_handed_a_bundle_with_every_function(tmp_path, monkeyp
 
     import torch
 
-    from recurrent_coreai.stages import export
+    from recurrent_coreai.coreai import convert
+    from recurrent_coreai.families.rwkv7 import FAMILY
     from recurrent_coreai.families.rwkv7.export_graph import RWKV7Decode
     from recurrent_coreai.families.rwkv7.geometry import Geometry
 
     g = Geometry(layers=1, hidden=64, head_dim=64, ffn=64, vocab=8, decay_lora=4, a_lora=4, v_lora=4, gate_lora=4)
     export_dir = tmp_path / "export"
     export_dir.mkdir()
-    functions = export.convert(RWKV7Decode(g, torch.float16).eval(), export_dir / "m-fp16.aimodel", chunk=4)["functions"]
+    states = tuple(s.name for s in FAMILY.state_specs(g))
+    functions = convert.convert(FAMILY, RWKV7Decode(g, torch.float16).eval(), export_dir / "m-fp16.aimodel", 4,
+                                states)["functions"]
     bindir = tmp_path / "bin"
     bindir.mkdir()
     exe = bindir / "xcrun"

@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 from recurrent_coreai.families.rwkv7 import blinkdl
 from recurrent_coreai.stages import card
-from recurrent_coreai.families.rwkv7 import checkpoint
+from recurrent_coreai.checkpoints import reader as checkpoint
 from recurrent_coreai.tokenizers import world as vocab
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.families.rwkv7.geometry import Geometry
@@ -235,7 +235,7 @@ CASES = {
 
 
 def run_source(src: Path, out: Path, vocab_cfg: dict):
-    return build_source("bad", {"source": {"kind": "path", "path": str(src)}, "license": "mit"}, vocab_cfg, out)
+    return build_source("bad", {"family": "rwkv7", "source": {"kind": "path", "path": str(src)}, "license": "mit"}, vocab_cfg, out)
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import save_file
 
 from recurrent_coreai.families.rwkv7 import blinkdl
-from recurrent_coreai.families.rwkv7 import checkpoint
+from recurrent_coreai.checkpoints import reader as checkpoint
+from recurrent_coreai.families.rwkv7 import layouts as rwkv7_layouts
 from recurrent_coreai.pipeline.config import load as load_config
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.families.rwkv7.geometry import Geometry, expected_shapes
@@ -80,7 +81,7 @@ def assert_same_tensors(got: dict, want: dict) -> None:
 # --- the same tensors from every layout ---------------------------------------------------------
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_layout_is_detected(sd, layout):
-    assert checkpoint.detect_layout(in_layout(sd, layout).keys()) == layout
+    assert rwkv7_layouts.detect_layout(in_layout(sd, layout).keys()) == layout
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -102,7 +103,7 @@ def test_blinkdl_directory_without_config(sd, tmp_path):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_build_source_path(sd, vocab_cfg, layout, tmp_path):
     src = write_layout(sd, layout, tmp_path / "in" / layout)
-    model_cfg = {"source": {"kind": "path", "path": str(src)}, "license": "apache-2.0"}
+    model_cfg = {"family": "rwkv7", "source": {"kind": "path", "path": str(src)}, "license": "apache-2.0"}
     out = tmp_path / "out"
     manifest = build_source("layout-test", model_cfg, vocab_cfg, out)
     assert manifest["layout"] == layout
@@ -115,7 +116,7 @@ def test_build_source_path(sd, vocab_cfg, layout, tmp_path):
     assert json.loads((out / "config.json").read_text())["hidden_size"] == G.hidden
     geom, got = checkpoint.load_checkpoint(out)
     assert geom == G
-    assert checkpoint.detect_layout(checkpoint.read_tensors([out / "model.safetensors"]).keys()) == "fla-split"
+    assert rwkv7_layouts.detect_layout(checkpoint.read_tensors([out / "model.safetensors"]).keys()) == "fla-split"
     assert_same_tensors(got, sd)
     # the manifest describes the files really written
     for name, entry in manifest["files"].items():
@@ -128,7 +129,7 @@ def test_all_layouts_give_identical_source_bytes(sd, vocab_cfg, tmp_path):
     for layout in LAYOUTS:
         src = write_layout(sd, layout, tmp_path / "in" / layout)
         out = tmp_path / "out" / layout
-        build_source("layout-test", {"source": {"kind": "path", "path": str(src)}, "license": "mit"}, vocab_cfg, out)
+        build_source("layout-test", {"family": "rwkv7", "source": {"kind": "path", "path": str(src)}, "license": "mit"}, vocab_cfg, out)
         blobs[layout] = (out / "model.safetensors").read_bytes()
     assert blobs["fla-packed"] == blobs["fla-split"]
     assert blobs["blinkdl"] == blobs["fla-split"]
@@ -258,7 +259,7 @@ def test_truncated_safetensors_via_build_source(sd, vocab_cfg, tmp_path):
     f.write_bytes(f.read_bytes()[:-1000])
     out = tmp_path / "out"
     with pytest.raises(PipelineError) as excinfo:
-        build_source("t", {"source": {"kind": "path", "path": str(src)}, "license": "mit"}, vocab_cfg, out)
+        build_source("t", {"family": "rwkv7", "source": {"kind": "path", "path": str(src)}, "license": "mit"}, vocab_cfg, out)
     assert str(f) in _message(excinfo)
     assert not out.exists(), "a failed source stage must not leave an output directory"
 
@@ -273,7 +274,7 @@ def test_truncated_pth(sd, tmp_path):
 
 def test_source_path_missing(vocab_cfg, tmp_path):
     with pytest.raises(PipelineError) as excinfo:
-        build_source("t", {"source": {"kind": "path", "path": str(tmp_path / "nope")}, "license": "mit"},
+        build_source("t", {"family": "rwkv7", "source": {"kind": "path", "path": str(tmp_path / "nope")}, "license": "mit"},
                      vocab_cfg, tmp_path / "out")
     assert "nope" in _message(excinfo)
 

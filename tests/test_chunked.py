@@ -31,10 +31,11 @@ import pytest
 import torch
 
 from recurrent_coreai.families.rwkv7 import chunked
-from recurrent_coreai.stages import export
+from recurrent_coreai.coreai import convert
 from recurrent_coreai.families.rwkv7 import export_graph
-from recurrent_coreai.families.rwkv7.checkpoint import load_checkpoint
-from recurrent_coreai.families.rwkv7.export_graph import build_decode, build_prefill, prefill_example_inputs
+from recurrent_coreai.checkpoints.reader import load_checkpoint
+from recurrent_coreai.coreai.entrypoints import by_role, split_prompt
+from recurrent_coreai.families.rwkv7.export_graph import build_decode, build_prefill
 from recurrent_coreai.families.rwkv7.reference import Reference, State
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -195,7 +196,7 @@ def run_prefill(decoders, tokens, dtype, T: int, n: int) -> tuple[torch.Tensor, 
     decode = decoders[dtype]
     decode.reset()
     prefill = build_prefill(decode, T)
-    full, _ = chunked.split_prompt(n, T)
+    full, _ = split_prompt(n, T)
     with torch.no_grad():
         for c in range(full):
             logits = prefill(*ids(tokens[c * T:(c + 1) * T]))
@@ -295,7 +296,7 @@ def _prefill_writing_per_layer(self, input_ids, position_ids):
 
 
 def test_state_written_twice_is_counted(monkeypatch):
-    """export.state_writes counts one write per state for prefill and 2 for recState in the
+    """convert.state_writes counts one write per state for prefill and 2 for recState in the
     unfused mutant. The two exports use the same chunk size in one process: the chunk's mask
     constants are made per trace, so the second trace must not meet tensors of the first (it did
     when the mask tensors were cached)."""
@@ -306,6 +307,6 @@ def test_state_written_twice_is_counted(monkeypatch):
     counts = []
     for forward in (export_graph.RWKV7Prefill.forward, _prefill_writing_per_layer):
         monkeypatch.setattr(export_graph.RWKV7Prefill, "forward", forward)
-        ep = torch.export.export(build_prefill(export_graph.RWKV7Decode(g), T), prefill_example_inputs(T))
-        counts.append(export.state_writes(ep))
+        ep = torch.export.export(build_prefill(export_graph.RWKV7Decode(g), T), by_role('prefill').example_inputs(T))
+        counts.append(convert.state_writes(ep, export_graph.STATE_NAMES))
     assert counts == [{"recState": 1, "shiftState": 1}, {"recState": 2, "shiftState": 1}]

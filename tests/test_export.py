@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from recurrent_coreai.stages import cli
+from recurrent_coreai.coreai import convert
+from recurrent_coreai.families.rwkv7 import FAMILY as RWKV7
 from recurrent_coreai.stages import export
 from recurrent_coreai.coreai import quantize
 from recurrent_coreai.util.errors import PipelineError
@@ -60,13 +62,13 @@ def test_recipe_that_matches_nothing_is_an_error(module):
 def test_quantising_an_fp32_graph_is_refused(tiny_source, tmp_path):
     recipe = {"dtype": "float32", "quantize": {"bits": 8, "block_size": 32, "axis": 1, "include": ["lm_head"]}}
     with pytest.raises(PipelineError, match="only supported on a float16 graph"):
-        export.export_recipe(tiny_source, "odd", recipe, "b", tmp_path / "out")
+        export.export_recipe(RWKV7, tiny_source, "odd", recipe, "b", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
 def test_unsupported_dtype_is_refused(tiny_source, tmp_path):
     with pytest.raises(PipelineError, match="dtype 'bfloat16' is not supported"):
-        export.export_recipe(tiny_source, "odd", {"dtype": "bfloat16"}, "b", tmp_path / "out")
+        export.export_recipe(RWKV7, tiny_source, "odd", {"dtype": "bfloat16"}, "b", tmp_path / "out")
 
 
 def test_unknown_recipe_on_the_command_line(tiny_source, tmp_path, capsys, repo_root):
@@ -83,7 +85,7 @@ def test_conversion_error_is_one_line_and_leaves_nothing(tiny_source, tmp_path, 
 
     monkeypatch.setattr(export, "convert", boom)
     with pytest.raises(PipelineError) as exc:
-        export.export_recipe(tiny_source, "fp32", cfg["recipes"]["fp32"], "b", tmp_path / "out")
+        export.export_recipe(RWKV7, tiny_source, "fp32", cfg["recipes"]["fp32"], "b", tmp_path / "out")
     assert str(exc.value) == ("export fp32: conversion failed (RuntimeError: unsupported op aten::frobnicate) "
                               "-- fix: check the recipe; run with the pinned toolchain (make setup)")
     assert list(tmp_path.iterdir()) == []
@@ -95,7 +97,7 @@ def test_int4keepproj_export_records_the_plan(tiny_source, tmp_path, cfg):
     a few graph ops, not a second copy of the fp16 weights)."""
     from recurrent_coreai.coreai.runtime import bundle_signature
 
-    rec = export.export_recipe(tiny_source, "int4keepproj", cfg["recipes"]["int4keepproj"], "t-int4keepproj",
+    rec = export.export_recipe(RWKV7, tiny_source, "int4keepproj", cfg["recipes"]["int4keepproj"], "t-int4keepproj",
                                tmp_path / "out", chunk=16)
     on_disk = json.loads((tmp_path / "out" / "export.json").read_text())
     assert on_disk["bundle"] == "t-int4keepproj.aimodel" and (tmp_path / "out" / "t-int4keepproj.aimodel").is_dir()
@@ -133,12 +135,13 @@ def test_an_int4_weight_is_packed_once_for_both_functions_and_freed(tiny_source,
     q = cfg["recipes"]["int4keepproj"]["quantize"]
     bundles, programs = {}, {}
     for release in (False, True):
-        module, _ = export.load_module(tiny_source, torch.float16, q, "int4keepproj")
-        traced = [export.trace(e, module, 16) for e in ENTRY_POINTS]
+        module, _, g = export.load_module(RWKV7, tiny_source, torch.float16, q, "int4keepproj")
+        states = tuple(s.name for s in RWKV7.state_specs(g))
+        traced = [convert.trace(e, RWKV7, module, 16, states) for e in ENTRY_POINTS]
         unpacked = {(n, b): getattr(m.parametrizations.weight[0], b) for n, m in module.named_modules()
                     if hasattr(m, "parametrizations") for b in ("quantized_data", "zero_point")}
         assert len(unpacked) == 10 and all(t.dtype == torch.int8 and t.numel() for t in unpacked.values())
-        export.save_functions(traced, tmp_path / str(release) / "b.aimodel", release=release)
+        convert.save_functions(traced, tmp_path / str(release) / "b.aimodel", release=release)
         bundles[release] = (tmp_path / str(release) / "b.aimodel" / "main.mlirb").read_bytes()
         programs[release] = [t.program.state_dict for t in traced]
     assert bundles[True] == bundles[False]
@@ -169,11 +172,11 @@ class _TwoWrites(torch.nn.Module):
 
 def test_state_writes_counts_two_writes_in_a_row():
     ep = torch.export.export(_TwoWrites(), (torch.ones(2, 3),))
-    assert export.state_writes(ep) == {"recState": 2, "shiftState": 2}
+    assert convert.state_writes(ep, ("recState", "shiftState")) == {"recState": 2, "shiftState": 2}
 
 
 def test_a_function_without_the_planned_quantised_weights_is_refused():
     layers = [{"layer": "lm_head", "action": "int8"}, {"layer": "x", "action": "fp16"}]
-    export.check_quantized({"main": {"quantized_weights": 1}, "prefill": {"quantized_weights": 1}}, layers, "q")
+    convert.check_quantized({"main": {"quantized_weights": 1}, "prefill": {"quantized_weights": 1}}, layers, "q")
     with pytest.raises(PipelineError, match="function prefill holds 0 quantised weights, the plan has 1"):
-        export.check_quantized({"main": {"quantized_weights": 1}, "prefill": {"quantized_weights": 0}}, layers, "q")
+        convert.check_quantized({"main": {"quantized_weights": 1}, "prefill": {"quantized_weights": 0}}, layers, "q")

@@ -43,16 +43,18 @@ CHUNK = 16  # prefill chunk: a shorter trace; memory is the weights'
 CHILD = """
 import json, re, sys
 from pathlib import Path
+from recurrent_coreai.coreai.convert import trim_heap
+from recurrent_coreai.families import get
 from recurrent_coreai.stages import export
 recipe, spec, root = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3])
 def status(key):
     return int(re.search(key + r":\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
 out = {}
 for name in ("small", "big"):
-    export.trim_heap()
+    trim_heap()
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM (the peak) to the current RSS
     base = status("VmRSS")
-    rec = export.export_recipe(root / name, recipe, spec, f"mem-{name}-{recipe}", root / f"{name}-{recipe}", chunk=%d)
+    rec = export.export_recipe(get('rwkv7'), root / name, recipe, spec, f"mem-{name}-{recipe}", root / f"{name}-{recipe}", chunk=%d)
     out[name] = {"base": base, "peak": status("VmHWM"), "bundle": rec["size_bytes"],
                  "decode_only": rec["size_bytes_decode_only"]}
 print(json.dumps(out))
@@ -73,7 +75,7 @@ def sources(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def measured(sources, cfg) -> dict[str, dict]:
     """Both recipes at once, one child each (2 cores): {recipe: {small|big: peak, bundle}}."""
-    env = {**os.environ, "RWKV7_PROGRESS": "0"}
+    env = {**os.environ, "RECURRENT_COREAI_PROGRESS": "0"}
     children = {r: subprocess.Popen([sys.executable, "-c", CHILD, r, json.dumps(cfg["recipes"][r]), str(sources)],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                 for r in ("fp16", "int8keepproj")}

@@ -59,7 +59,7 @@ def test_quick_steps_print_nothing():
 
 def test_stderr_by_default_and_off_with_rwkv7_progress_0(monkeypatch, capfd):
     for setting, shown in (("1", True), ("0", False)):
-        monkeypatch.setenv("RWKV7_PROGRESS", setting)
+        monkeypatch.setenv("RECURRENT_COREAI_PROGRESS", setting)
         clock = Clock()
         with Progress("export", total=2, clock=clock, interval=1.0) as bar:
             clock.t += 1.5

@@ -474,7 +474,7 @@ def test_publish_attests_and_signs_every_bundle_folder_and_a_changed_byte_fails(
     key.parent.mkdir()
     key.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    monkeypatch.setenv("RWKV7_SIGNING_KEY", str(key))
+    monkeypatch.setenv("RECURRENT_COREAI_SIGNING_KEY", str(key))
     results = copy_results(tmp_path / "results")
     out = tmp_path / "out" / "publish"
     rc = cli.publish(["--config-file", str(write_config(tmp_path / "config.yaml")), "--model", MODEL,

@@ -23,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from recurrent_coreai.families.rwkv7 import checkpoint
+from recurrent_coreai.checkpoints import reader as checkpoint
 from recurrent_coreai.families.rwkv7 import synthetic
 from recurrent_coreai.families.rwkv7.geometry import Geometry, expected_shapes
 from recurrent_coreai.util.safetensors_stream import DTYPES, layout, safetensors_writer, save_streamed
@@ -151,11 +151,11 @@ print(json.dumps(out))
 def test_source_stage_holds_one_tensor_at_a_time(tmp_path, cfg):
     """A fla-packed synthetic source (written, normalised, hashed) in a child process: its peak RSS
     above the warmed process (the same stage on a tiny shape first) is a fraction of the checkpoint."""
-    models = {name: {"source": {"kind": "synthetic", "seed": 1, "layout": "fla-packed", "shape": shape},
+    models = {name: {"family": "rwkv7", "source": {"kind": "synthetic", "seed": 1, "layout": "fla-packed", "shape": shape},
                      "license": "mit"} for name, shape in (("warm", WARM), ("mid", MID))}
     child = subprocess.run([sys.executable, "-c", CHILD, json.dumps({"models": models, "vocab": cfg["vocab"]}),
                             str(tmp_path)], capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "RWKV7_PROGRESS": "0"})
+                           env={**os.environ, "RECURRENT_COREAI_PROGRESS": "0"})
     assert child.returncode == 0, child.stderr[-2000:]
     mid = json.loads(child.stdout.strip().splitlines()[-1])["mid"]
     grown = mid["peak"] - mid["base"]

@@ -200,6 +200,16 @@ def check_family(family, names, where: str | Path) -> str:
                         f"use a checkpoint in one of the layouts {', '.join(family.layouts)}")
 
 
+def detect_family(names, where: str | Path):
+    """The one registered family that recognises these tensor names (when the caller names none)."""
+    found = families.detect(names)
+    if len(found) != 1:
+        what = ("no registered family recognises these tensor names" if not found
+                else f"the tensor names fit several families ({', '.join(f for f, _ in found)})")
+        raise PipelineError(where, what, f"name the family (one of {', '.join(families.available())})")
+    return families.get(found[0][0])
+
+
 def load_geometry(family, src: Path):
     cfg_path = src / "config.json"
     if cfg_path.is_dir():
@@ -226,9 +236,10 @@ class Checkpoint:
     layout: str                       # the layout it was read from
     weights: list[Path]               # the weight files read
     inputs: list[Path]                # every file read: the weights, the shard index, config.json
+    family: object = None             # the family that read it
 
 
-def read_checkpoint(family, src: str | Path) -> Checkpoint:
+def read_checkpoint(src: str | Path, family=None) -> Checkpoint:
     """Read, check and normalise an HF-layout directory or a single weights file, in one pass over
     the weights (mmap'd where possible). A layout without config.json (a BlinkDL .pth) takes its
     geometry off the tensors when the family can."""
@@ -237,16 +248,17 @@ def read_checkpoint(family, src: str | Path) -> Checkpoint:
     where = files[0] if len(files) == 1 else src
     index = shard_index(src) if src.is_dir() else None
     raw = read_tensors(files, index)
+    family = family or detect_family(raw.keys(), where)
     layout = check_family(family, raw.keys(), where)
     cfg_dir = src if src.is_dir() else src.parent
     used = list(files) + ([src / INDEX_FILE] if index is not None else [])
     geom = _geometry(family, layout, {k: tuple(v.shape) for k, v in raw.items()}, cfg_dir, where, used)
-    return Checkpoint(geom, family.normalize(raw, geom, where), layout, files, used)
+    return Checkpoint(geom, family.normalize(raw, geom, where), layout, files, used, family)
 
 
-def load_checkpoint(family, src: str | Path, dtype: torch.dtype | None = None) -> tuple[object, dict[str, torch.Tensor]]:
+def load_checkpoint(src: str | Path, dtype: torch.dtype | None = None, family=None) -> tuple[object, dict[str, torch.Tensor]]:
     """Geometry and normalised weights (see :func:`read_checkpoint`), optionally cast to ``dtype``."""
-    ck = read_checkpoint(family, src)
+    ck = read_checkpoint(src, family)
     sd = ck.tensors if dtype is None else {k: v.to(dtype) for k, v in ck.tensors.items()}
     return ck.geometry, sd
 
@@ -293,7 +305,7 @@ def _read_into(fh, f: Path, name: str, entry: dict, start: int, out: torch.Tenso
         flat[at:at + n].copy_(chunk)
 
 
-def stream_checkpoint(family, src: str | Path, dtype: torch.dtype) -> tuple[object, Iterator[tuple[str, torch.Tensor]]]:
+def stream_checkpoint(src: str | Path, dtype: torch.dtype, family=None) -> tuple[object, Iterator[tuple[str, torch.Tensor]]]:
     """Geometry and the normalised weights as (name, tensor) pairs in ``dtype``, one tensor at a
     time: for a directory holding one split-layout ``model.safetensors`` (the source stage's
     output) each tensor is read straight from the file into ``dtype`` — never a whole fp32 copy
@@ -303,13 +315,14 @@ def stream_checkpoint(family, src: str | Path, dtype: torch.dtype) -> tuple[obje
     src = Path(src)
     files = weight_files(src)
     if not (src.is_dir() and len(files) == 1 and files[0].suffix == ".safetensors" and shard_index(src) is None):
-        ck = read_checkpoint(family, src)
+        ck = read_checkpoint(src, family)
         return ck.geometry, ((k, v.to(dtype)) for k, v in ck.tensors.items())
     f = files[0]
     header, start = _safetensors_header(f)
+    family = family or detect_family(header, f)
     if (family.detect_layout(header) != family.layouts[0]
             or any(e.get("dtype") not in SAFETENSORS_DTYPES for e in header.values())):
-        ck = read_checkpoint(family, src)
+        ck = read_checkpoint(src, family)
         return ck.geometry, ((k, v.to(dtype)) for k, v in ck.tensors.items())
     geom = load_geometry(family, src)
     meta = family.normalize({k: torch.empty(e["shape"], device="meta") for k, e in header.items()}, geom, f)
@@ -343,15 +356,15 @@ def _scan_safetensors(files: list[Path], index: Mapping[str, str] | None) -> dic
 
 
 def _write_in_memory(family, src: Path, dst: Path) -> Checkpoint:
-    ck = read_checkpoint(family, src)
-    if ck.layout == family.layouts[0] and len(ck.weights) == 1 and ck.weights[0].suffix == ".safetensors":
+    ck = read_checkpoint(src, family)
+    if ck.layout == ck.family.layouts[0] and len(ck.weights) == 1 and ck.weights[0].suffix == ".safetensors":
         shutil.copyfile(ck.weights[0], dst)  # already the normal form: bytes unchanged
     else:
         save_normalized(ck.tensors, dst)
     return ck
 
 
-def write_normalized(family, src: str | Path, dst: str | Path) -> Checkpoint:
+def write_normalized(src: str | Path, dst: str | Path, family=None) -> Checkpoint:
     """Read, check and normalise ``src`` as :func:`read_checkpoint` does and write the normal form to
     ``dst`` as :func:`save_normalized` does (a single split-layout ``.safetensors`` is copied
     unchanged), holding one tensor at a time: names, dtypes and shapes are checked from the
@@ -365,6 +378,8 @@ def write_normalized(family, src: str | Path, dst: str | Path) -> Checkpoint:
     files = weight_files(src)
     index = shard_index(src) if src.is_dir() else None
     refs = _scan_safetensors(files, index) if all(f.suffix == ".safetensors" for f in files) else None
+    if family is None and refs is not None:
+        family = detect_family(refs, files[0] if len(files) == 1 else src)
     layout = family.detect_layout(refs) if refs is not None else None
     if layout is None or not family.streams(layout):
         return _write_in_memory(family, src, dst)
@@ -401,4 +416,4 @@ def write_normalized(family, src: str | Path, dst: str | Path) -> Checkpoint:
         shutil.copyfile(files[0], dst)  # already the normal form: bytes unchanged
     else:
         save_streamed(dst, {n: (t.dtype, tuple(t.shape)) for n, t in meta.items()}, checked(), NORMAL_METADATA)
-    return Checkpoint(geom, meta, layout, files, used)
+    return Checkpoint(geom, meta, layout, files, used, family)

@@ -255,6 +255,7 @@ class Family(abc.ABC):
     def card_rows(self, geom: Geometry) -> list[tuple[str, str]]:
         """The card's architecture table: (label, value) rows."""
 
+    min_vocab: ClassVar[int] = 1             # the smallest vocab its tokenizer's ids fit in (config check)
     card_summary: ClassVar[str] = ""         # the card's paragraph on the architecture
     export_sources: ClassVar[tuple[str, ...]] = ()  # repo-relative files coreai doctor lints
 

@@ -2,7 +2,7 @@
 
 A published bundle folder is one directory of the Hub tree — ``aimodel/<bundle>/`` (the
 ``<bundle>.aimodel`` apps load, ``export.json``, ``gate.json``) or ``<target>/<bundle>/`` (the
-lowered or compiled product and ``rwkv_vocab.tsv``). Its statement is written INTO that folder,
+lowered or compiled product and the tokenizer files). Its statement is written INTO that folder,
 as ``<bundle>.intoto.json`` beside the ``.aimodel`` (never inside it: apps load the ``.aimodel``
 as it is), so whoever downloads the folder gets its provenance, and the folder's signature
 (``<bundle>.sig``, see signing.py) covers the statement too.

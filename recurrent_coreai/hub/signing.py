@@ -10,8 +10,8 @@ downloaded folder with the library's own command::
 
     model_signing verify key aimodel/<bundle> --signature aimodel/<bundle>/<bundle>.sig --public_key signing-key.pub
 
-The private key is a PEM EC key (P-256/384/521) named by ``$RWKV7_SIGNING_KEY`` (a path; an
-encrypted key's password in ``$RWKV7_SIGNING_KEY_PASSWORD``). Neither the key, its path nor the
+The private key is a PEM EC key (P-256/384/521) named by ``$RECURRENT_COREAI_SIGNING_KEY`` (a path; an
+encrypted key's password in ``$RECURRENT_COREAI_SIGNING_KEY_PASSWORD``). Neither the key, its path nor the
 password is printed or written anywhere. Without the variable signing is skipped and the
 output says so. Make a key with::
 
@@ -35,11 +35,12 @@ import json
 import os
 from pathlib import Path
 
+from recurrent_coreai.util import env
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.util.fsutil import first_difference, sha256_file, tree_files
 
-KEY_ENV = "RWKV7_SIGNING_KEY"
-PASSWORD_ENV = "RWKV7_SIGNING_KEY_PASSWORD"
+KEY_ENV = "RECURRENT_COREAI_SIGNING_KEY"  # old name RWKV7_SIGNING_KEY still read (util/env.py)
+PASSWORD_ENV = "RECURRENT_COREAI_SIGNING_KEY_PASSWORD"  # old name RWKV7_SIGNING_KEY_PASSWORD
 PUBLIC_KEY = "signing-key.pub"  # at the root of the Hub tree
 SUFFIX = ".sig"
 KEY = "the signing key"  # how errors name the private key: never by its path
@@ -59,8 +60,8 @@ def verify_command(bundle_rel: str) -> str:
 
 
 def key_from_env() -> tuple[Path | None, str]:
-    """The private key's path from ``$RWKV7_SIGNING_KEY``, or None and why signing is skipped."""
-    value = os.environ.get(KEY_ENV, "").strip()
+    """The private key's path from ``$RECURRENT_COREAI_SIGNING_KEY``, or None and why signing is skipped."""
+    value = env.get(KEY_ENV, "").strip()
     if not value:
         return None, f"signing skipped: no {KEY_ENV} in the environment (bundles are published unsigned)"
     if not Path(value).is_file():
@@ -70,7 +71,7 @@ def key_from_env() -> tuple[Path | None, str]:
 
 
 def _password() -> bytes | None:
-    value = os.environ.get(PASSWORD_ENV)
+    value = env.get(PASSWORD_ENV)
     return value.encode() if value else None
 
 
@@ -193,7 +194,7 @@ def verify(bundle_dir: str | Path, public_key_pem: str | Path, signature_path: s
     for path, what in ((bundle_dir, "bundle folder"), (signature_path, "signature"), (public_key_pem, "public key")):
         if not path.exists():
             raise PipelineError(path, f"{what} not found", "download the whole bundle folder and signing-key.pub "
-                                "(or sign it: set RWKV7_SIGNING_KEY and stage again)")
+                                f"(or sign it: set {KEY_ENV} and stage again)")
     _public_key(public_key_pem)
     try:
         verifying.Config().use_elliptic_key_verifier(public_key=public_key_pem).set_hashing_config(

@@ -147,9 +147,13 @@ def check_family(name: str, model: dict, where: str) -> None:
     if src["kind"] != "synthetic":
         return
     try:
-        family.geometry_from_shape(src["shape"], where)
+        geom = family.geometry_from_shape(src["shape"], where)
     except PipelineError as exc:
         raise PipelineError(where, f"models/{name}/{exc.what}", exc.fix) from None
+    if getattr(geom, "vocab", family.min_vocab) < family.min_vocab:
+        raise PipelineError(where, f"models/{name}/source/shape/vocab {geom.vocab} is smaller than the "
+                            f"{family.tokenizer} tokenizer's {family.min_vocab} ids",
+                            f"use vocab >= {family.min_vocab} (65536 for the World vocabulary)")
     layout = src.get("layout", family.layouts[0])
     if layout not in family.synthetic_layouts:
         raise PipelineError(where, f"models/{name}/source/layout {layout!r} is not one family {family.name} writes",

@@ -85,7 +85,7 @@ def build_date(config_origin: str = "config.yaml") -> str:
 
 
 def group_layers(rows: list[dict]) -> str:
-    """``attn.r_proj`` ×24 … : layer names with the block index folded, in first-seen order."""
+    """``<name>`` ×24 … : layer names with the block index folded, in first-seen order."""
     counts: dict[str, int] = {}
     for r in rows:
         leaf = re.sub(r"^model\.layers\.\d+\.", "", r["layer"])

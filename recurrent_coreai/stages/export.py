@@ -52,7 +52,7 @@ def load_module(family, source_dir: Path, dtype: torch.dtype, q: dict | None,
     """The decode module read from ``source_dir`` one tensor at a time in ``dtype`` and, for a
     quantised recipe, the plan: each planned linear is quantised as soon as its weight is read
     (the decode module is quantised FIRST: every entry point is then built over it)."""
-    geom, weights = stream_checkpoint(family, source_dir, dtype)
+    geom, weights = stream_checkpoint(source_dir, dtype, family)
     if not q:
         return family.build_decode(weights, geom, dtype), [], geom
     q = quantize.resolve_roles(q, family.roles, recipe_name)

@@ -5,7 +5,7 @@ Staging ``results/<model>/publish/``::
     README.md
     aimodel/<bundle>/<bundle>.aimodel/...          per shipped recipe (+ export.json, gate.json)
     <target>/<bundle>/<bundle>.<target>.aimodelc   per AOT target (universal: <bundle>.aimodelx)
-    <target>/<bundle>/<tokenizer files>              the vocab stage's output (World: rwkv_vocab.tsv)
+    <target>/<bundle>/<tokenizer files>              the vocab stage's output (the tokenizer kind's files)
     publish.json                                   receipt: files, gate verdicts, what was committed
                                                    (stays local: it records the commit id)
 

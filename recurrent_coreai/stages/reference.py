@@ -72,7 +72,7 @@ def reference_stream(family, source_dir: Path, tok, prompts: list[str], steps: i
     """Token streams and fp32 reference outputs; arrays for ``np.savez``. ``family``: the model's
     family; ``tok``: its tokenizer (the chat prompt format is the tokenizer kind's); ``prefill``:
     the config's ``prefill`` section (chunk, gate_tokens), for the prefill stream."""
-    geom, weights = load_checkpoint(family, source_dir)
+    geom, weights = load_checkpoint(source_dir, family=family)
     ref = family.reference(weights, geom, torch.float32)
     tokens, prompt_idx, positions, logits = [], [], [], []
     for i, (prompt, budget) in enumerate(zip(prompts, prompt_budgets(len(prompts), steps))):

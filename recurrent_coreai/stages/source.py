@@ -40,7 +40,7 @@ def _write_from_dir(family, src: Path, out: Path, tok_settings: dict) -> dict:
     """Check an HF-layout directory (or a weights file) and copy it into ``out`` with its weights
     normalised to one model.safetensors; returns manifest parts. ``upstream`` lists exactly the
     files read: the weights, the shard index, config.json and the carried files."""
-    ck = reader.write_normalized(family, src, out / reader.WEIGHT_FILE)  # one tensor at a time
+    ck = reader.write_normalized(src, out / reader.WEIGHT_FILE, family)  # one tensor at a time
     base = src if src.is_dir() else src.parent
     carried = [base / name for name in CARRY if (base / name).is_file()]
     if (base / "README.md").is_file():
@@ -67,7 +67,7 @@ def _write_synthetic(family, spec: dict, tok_settings: dict, out: Path, license_
             family.write_synthetic(geom, spec["seed"], Path(raw), layout)
             if not (Path(raw) / "config.json").exists():
                 (Path(raw) / "config.json").write_text(dumps_json(family.config_json(geom)))
-            reader.write_normalized(family, Path(raw), out / reader.WEIGHT_FILE)
+            reader.write_normalized(Path(raw), out / reader.WEIGHT_FILE, family)
     (out / "config.json").write_text(dumps_json(family.config_json(geom)))
     tokenizers.kind(family.tokenizer).source_files(out, tok_settings)
     front = yaml.safe_dump({"license": license_, "pipeline_tag": "text-generation"}, sort_keys=True, allow_unicode=True)

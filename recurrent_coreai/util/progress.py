@@ -11,11 +11,13 @@ and, if any line was printed, a last one when the step ends.
 
     for step in progress(steps, "gate fp16", unit="steps"): ...
 
-``RWKV7_PROGRESS=0`` in the environment turns it off (where stderr must hold nothing but errors,
+``RECURRENT_COREAI_PROGRESS=0`` (old name ``RWKV7_PROGRESS``, still read) in the environment turns it off (where stderr must hold nothing but errors,
 e.g. tests that check a failing stage prints exactly one line); an explicit ``stream`` ignores it.
 """
 
 from __future__ import annotations
+
+from recurrent_coreai.util import env
 
 import os
 import sys
@@ -50,7 +52,7 @@ class Progress:
                  clock: Callable[[], float] = time.monotonic, interval: float = 5.0, delay: float = 1.0,
                  tty: bool | None = None, width: int = 30):
         self.label, self.total, self.unit = label, total, unit
-        self.enabled = stream is not None or os.environ.get("RWKV7_PROGRESS", "1") != "0"
+        self.enabled = stream is not None or env.get("RECURRENT_COREAI_PROGRESS", "1") != "0"
         self.stream = stream if stream is not None else sys.stderr
         self.clock, self.interval, self.delay, self.width = clock, interval, delay, width
         self.tty = tty if tty is not None else bool(getattr(self.stream, "isatty", lambda: False)())

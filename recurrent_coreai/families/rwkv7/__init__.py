@@ -13,7 +13,6 @@ from typing import Mapping
 
 from recurrent_coreai.families import base
 from recurrent_coreai.families.rwkv7.geometry import Geometry, expected_shapes
-from recurrent_coreai.util.errors import PipelineError
 
 HERE = Path(__file__).resolve().parent
 
@@ -34,6 +33,7 @@ class Rwkv7Family(base.Family):
     }
     tags = ("rwkv7", "rwkv", "linear-attention")
     max_chunk = 128  # chunked.MAX_CHUNK
+    min_vocab = 65530  # the World vocabulary's ids (0..65529) must all have a row
     shape_keys = ("layers", "hidden", "head_dim", "ffn", "vocab", "decay_lora", "a_lora", "v_lora", "gate_lora")
     card_summary = ('RWKV-7 ("Goose", x070) is a recurrent language model: decoding costs O(1) per token and the '
                     "whole context lives in two fixed-size states, so there is **no KV cache** and memory does not "
@@ -43,7 +43,7 @@ class Rwkv7Family(base.Family):
 
     # --- geometry -------------------------------------------------------------------------
     def geometry_from_shape(self, shape: Mapping, where) -> Geometry:
-        return base.shape_to(Geometry, self, shape, where, extra_check=_world_vocab)
+        return base.shape_to(Geometry, self, shape, where)
 
     def geometry_from_config(self, cfg, where) -> Geometry:
         return Geometry.from_hf_config(cfg, where)
@@ -140,12 +140,6 @@ class Rwkv7Family(base.Family):
                 ("FFN size", f"{geom.ffn} (squared ReLU)"),
                 ("LoRA ranks (decay / a / v / gate)",
                  f"{geom.decay_lora} / {geom.a_lora} / {geom.v_lora} / {geom.gate_lora}")]
-
-
-def _world_vocab(geom: Geometry, where) -> None:
-    if geom.vocab < 65530:
-        raise PipelineError(where, f"vocab {geom.vocab} is smaller than the World vocabulary (65530 ids)",
-                            "use vocab: 65536 (the World vocabulary's padded size)")
 
 
 FAMILY = Rwkv7Family()

@@ -30,8 +30,9 @@ def _lines(requirements: Path) -> list[str]:
 
 
 def read_pins(requirements: Path, packages: list[str]) -> dict[str, Version]:
-    """``name==version`` pins of ``packages`` in a requirements file."""
-    pins: dict[str, tuple[Version, int]] = {}
+    """``name==version`` pins of ``packages`` in a requirements file, keyed by the name as the file
+    writes it (bump_pins rewrites those lines)."""
+    pins: dict[str, tuple[Version, int, str]] = {}  # canonical name: (version, line, name as written)
     for n, line in enumerate(_lines(requirements), 1):
         text = line.split("#", 1)[0].strip()
         if not text or text.startswith("-"):
@@ -53,13 +54,13 @@ def read_pins(requirements: Path, packages: list[str]) -> dict[str, Version]:
         if name in pins and pins[name][0] != version:
             raise PipelineError(f"{requirements}:{n}", f"{req.name} is pinned twice ({pins[name][0]} on line "
                                 f"{pins[name][1]}, {version} here)", "keep one pin per package")
-        pins[name] = (version, n)
+        pins[name] = (version, n, req.name)
     missing = [p for p in packages if canonicalize_name(p) not in pins]
     if missing:
         raise PipelineError(requirements, f"no exact pin (name==version) for {', '.join(missing)}",
                             "pin every watched package exactly (beta_watch.packages in config.yaml); beta-watch "
                             "compares against the pins")
-    return {p: pins[canonicalize_name(p)][0] for p in packages}
+    return {pins[canonicalize_name(p)][2]: pins[canonicalize_name(p)][0] for p in packages}
 
 
 def bump_pins(tree: Path, updates: Updates) -> list[Path]:
