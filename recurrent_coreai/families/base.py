@@ -213,12 +213,13 @@ class Family(abc.ABC):
     def write_synthetic(self, geom: Geometry, seed: int, out_dir: Path, layout: str) -> Path:
         """The synthetic weights written in ``layout`` (:meth:`write_layout` of them all; a family may
         stream them one tensor at a time instead, with the same bytes)."""
-        return self.write_layout(dict(self.synthetic_tensors(geom, seed)), out_dir, layout)
+        return self.write_layout(dict(self.synthetic_tensors(geom, seed)), out_dir, layout, geom)
 
     @abc.abstractmethod
-    def write_layout(self, sd: Mapping[str, Any], out_dir: Path, layout: str) -> Path:
+    def write_layout(self, sd: Mapping[str, Any], out_dir: Path, layout: str, geom: Geometry | None = None) -> Path:
         """Normal-form weights written in ``layout`` (the weights file, plus its config.json when
-        the layout has one); returns the weights file."""
+        the layout has one, which may need ``geom``: what tensor shapes do not show); returns the
+        weights file."""
 
     # --- math -----------------------------------------------------------------------------
     @abc.abstractmethod

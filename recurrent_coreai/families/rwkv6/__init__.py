@@ -100,7 +100,7 @@ class Rwkv6Family(Family):
 
         return synthetic_tensors(geom, seed)
 
-    def write_layout(self, sd: Mapping[str, Any], out_dir: Path, layout: str) -> Path:
+    def write_layout(self, sd: Mapping[str, Any], out_dir: Path, layout: str, geom: Geometry | None = None) -> Path:
         return _layouts.write_layout(sd, out_dir, layout)
 
     # --- math -----------------------------------------------------------------------------

@@ -93,10 +93,15 @@ class Rwkv7Family(base.Family):
 
         return write_synthetic(geom, seed, out_dir, layout)
 
-    def write_layout(self, sd, out_dir: Path, layout: str) -> Path:
+    def write_layout(self, sd, out_dir: Path, layout: str, geom=None) -> Path:
+        import json
+
         from recurrent_coreai.families.rwkv7.synthetic import write_weights
 
-        return write_weights(dict(sd), out_dir, layout)
+        path = write_weights(dict(sd), out_dir, layout)
+        if geom is not None and layout != "blinkdl":  # a BlinkDL .pth has no config.json
+            (Path(out_dir) / "config.json").write_text(json.dumps(self.config_json(geom), indent=2, sort_keys=True) + "\n")
+        return path
 
     # --- math -----------------------------------------------------------------------------
     def reference(self, weights, geom, dtype=None):
