@@ -16,7 +16,7 @@ def linear(mod: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     own ``weight``/``bias`` (a coreai-opt quantised linear's ``weight`` is its dequantisation).
 
     Not written as ``F.linear`` because of what Core AI's Linux runtime does with that form
-    (measured; README "fp16 accuracy at 1.5B"): it sums an fp16 ``batch_matmul`` in fp16, one
+    (measured; docs/measurements/2026-11-30-fp16-accumulation.md): it sums an fp16 ``batch_matmul`` in fp16, one
     product at a time -- at the 1.5B widths 20-55x the error of a once-rounded product, enough to
     flip top-1 tokens -- and it transposes the constant weight on every call. So:
     * fp16 (and a dequantised int8 weight): a 1x1 convolution over the weight as stored. The
