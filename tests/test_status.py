@@ -27,9 +27,11 @@ def dvc_lock(root: Path, model: str, recipes: list[str]) -> str:
     """dvc.lock as `dvc commit` writes it for the default DAG, its md5s hashed by DVC's own code."""
     from dvc_data.hashfile.hash import file_md5
 
-    def code_deps(rule):
+    family = yaml.safe_load((root / "config.yaml").read_text())["models"][model]["family"]
+
+    def code_deps(rule):  # a model's stages also depend on its family's folder (as dag.render writes them)
         return [{"path": rel, "hash": "md5", "md5": file_md5(str(root / rel)), "size": (root / rel).stat().st_size}
-                for rel in fingerprint.code_files(rule)]
+                for rel in fingerprint.code_files(rule, None if rule == "toolchain" else family)]
 
     jobs = [("toolchain", {})] + [(r, {"model": model}) for r in status.MODEL_STAGES]
     jobs += [(rule, {"model": model, **({"target": "universal"} if rule == "aot" else {}), "recipe": recipe})
@@ -107,6 +109,8 @@ def test_a_toolchain_change_marks_every_built_row_stale(tree):
     ("recurrent_coreai/coreai/quantize.py", "export"),
     ("recurrent_coreai/stages/templates/model_card.md.j2", "card, stage_and_push"),  # publish merges cards
     ("scripts/gate.py", "gate"),
+    # the model's family: every stage that runs family code (fingerprint.FAMILY_RULES)
+    ("recurrent_coreai/families/rwkv7/reference.py", "card, doctor, export, reference, source, stage_and_push, vocab"),
     ("recurrent_coreai/util/errors.py", None),  # every stage imports it: every stage of the row
 ])
 def test_a_code_edit_marks_the_stages_that_run_it(tree, edit, rules):
