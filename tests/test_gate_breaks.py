@@ -19,6 +19,7 @@ import pytest
 import torch
 import yaml
 
+from recurrent_coreai import families
 from recurrent_coreai.families.rwkv7 import chunked
 from recurrent_coreai.stages import cli
 from recurrent_coreai.stages import export
@@ -28,6 +29,7 @@ from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.stages.export import export_recipe
 from recurrent_coreai.stages.gate import gate_bundle
 from recurrent_coreai.stages.reference import reference_stream
+from recurrent_coreai.tokenizers.world import WorldTokenizer
 from test_chunked import WKV_MUTATIONS, mutant_wkv_chunk
 
 PROMPTS = ["Hello, who are you?", "What is 17 times 23?"]
@@ -48,7 +50,8 @@ def _no_decode_only_conversion():
 def stream_path(tmp_path_factory, tiny_source, world_vocab):
     path = tmp_path_factory.mktemp("ref") / "stream.npz"
     with open(path, "wb") as fh:
-        np.savez(fh, **reference_stream(tiny_source, world_vocab, PROMPTS, STEPS, prefill={"chunk": CHUNK}))
+        np.savez(fh, **reference_stream(families.get("rwkv7"), tiny_source, WorldTokenizer(world_vocab), PROMPTS,
+                                        STEPS, prefill={"chunk": CHUNK}))
     return path
 
 
@@ -60,7 +63,7 @@ def settings(cfg):
 def build(top, cfg, tiny_source, corrupt=None):
     """Export (chunk 16) and lower into ``top``; ``corrupt`` edits the bundle before lowering."""
     export_dir, aot_dir = top / "export", top / "aot"
-    export_recipe(tiny_source, "fp32", cfg["recipes"]["fp32"], BUNDLE, export_dir, CHUNK)
+    export_recipe(families.get("rwkv7"), tiny_source, "fp32", cfg["recipes"]["fp32"], BUNDLE, export_dir, CHUNK)
     if corrupt:
         corrupt(export_dir / f"{BUNDLE}.aimodel")
     build_target(export_dir, BUNDLE, "fp32", "universal", cfg["targets"]["universal"], cfg["aot"], aot_dir)
@@ -234,7 +237,8 @@ def test_a_reference_for_another_chunk_is_refused(control, tmp_path, cfg, tiny_s
     """A reference made for prefill chunk 8 cannot check a bundle whose prefill takes 16 tokens."""
     other = tmp_path / "stream8.npz"
     with open(other, "wb") as fh:
-        np.savez(fh, **reference_stream(tiny_source, world_vocab, PROMPTS, STEPS, prefill={"chunk": 8}))
+        np.savez(fh, **reference_stream(families.get("rwkv7"), tiny_source, WorldTokenizer(world_vocab), PROMPTS,
+                                        STEPS, prefill={"chunk": 8}))
     with pytest.raises(PipelineError, match="was made for prefill chunk 8, but the bundle's prefill takes 16 tokens"):
         gate(copy_build(control, tmp_path), cfg, other)
     assert not (tmp_path / "gate.json").exists()

@@ -135,7 +135,7 @@ def test_a_models_own_steps_compare_each_prompts_first_share(tiny_results, tmp_p
     import yaml
 
     from recurrent_coreai.stages.reference import reference_stream
-    from recurrent_coreai.tokenizers.world import read_tsv
+    from recurrent_coreai import families, tokenizers
 
     lay, recipe = Layout(tiny_results, MODEL), "int8keepproj"
     raw = yaml.safe_load((tiny_results.parent / "config.yaml").read_text())
@@ -149,7 +149,8 @@ def test_a_models_own_steps_compare_each_prompts_first_share(tiny_results, tmp_p
     with np.load(lay.reference) as npz:
         stream = {k: npz[k] for k in npz.files}
     part = gate.gate_steps(stream, n_prompts, steps, lay.reference)
-    fresh = reference_stream(lay.source, read_tsv(lay.vocab), raw["gate"]["prompts"], steps)
+    fresh = reference_stream(families.get("rwkv7"), lay.source, tokenizers.kind("world").load(lay.vocab),
+                             raw["gate"]["prompts"], steps)
     for key in ("tokens", "prompt", "pos"):
         assert np.array_equal(part[key], fresh[key]), key
     assert np.allclose(part["logits"], fresh["logits"], atol=1e-5)

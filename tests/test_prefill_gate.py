@@ -24,12 +24,14 @@ import pytest
 import torch
 import yaml
 
+from recurrent_coreai import families
 from recurrent_coreai.pipeline import config
 from recurrent_coreai.stages import gate
-from recurrent_coreai.families.rwkv7.checkpoint import load_checkpoint
+from recurrent_coreai.checkpoints.reader import load_checkpoint
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.families.rwkv7.reference import Reference
 from recurrent_coreai.stages.reference import prefill_length, reference_stream
+from recurrent_coreai.tokenizers.world import WorldTokenizer
 
 PROMPTS = ["Hello, who are you?", "What is 17 times 23?"]
 STEPS, CHUNK = 28, 16
@@ -39,7 +41,8 @@ MODEL = "rwkv7-tiny"
 
 @pytest.fixture(scope="module")
 def stream(tiny_source, world_vocab) -> dict:
-    return reference_stream(tiny_source, world_vocab, PROMPTS, STEPS, prefill={"chunk": CHUNK})
+    return reference_stream(families.get("rwkv7"), tiny_source, WorldTokenizer(world_vocab), PROMPTS, STEPS,
+                            prefill={"chunk": CHUNK})
 
 
 # --- the reference's prefill stream -------------------------------------------------------------

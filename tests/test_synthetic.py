@@ -63,7 +63,7 @@ def test_manifest_hashes_every_file(tiny_source):
 
 
 def test_logits_are_peaked_not_degenerate(tiny_source):
-    from recurrent_coreai.families.rwkv7.checkpoint import load_checkpoint
+    from recurrent_coreai.checkpoints.reader import load_checkpoint
 
     geom, sd = load_checkpoint(tiny_source)
     ref = Reference(sd, geom)
