@@ -31,7 +31,8 @@ import yaml
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from recurrent_coreai.tools.beta_watch import assess, cli, jobs, rebuild, settings, venv
+from recurrent_coreai.tools.beta_watch import assess, jobs, rebuild, settings, venv
+from recurrent_coreai.tools.beta_watch import cli as bw_cli
 from recurrent_coreai.tools.beta_watch import index as bw_index
 from recurrent_coreai.tools.beta_watch import pins as bw_pins
 from recurrent_coreai.util.errors import PipelineError
@@ -307,11 +308,11 @@ def test_apply_rebuilds_exactly_the_toolchain_stages_and_reports(index, tiny_res
 
     # a worse bundle on the new side: a regression, exit 1, and the report says why
     _degrade(tree)
-    jobs = [jobs.Job.from_json(j) for j in report["jobs"]["executed"]]
-    monkeypatch.setattr(cli, "rebuild", lambda *a, **k: rebuild.Rebuild(tree, jobs, sorted(jobs), [], 0, 1.0))
+    executed = [jobs.Job.from_json(j) for j in report["jobs"]["executed"]]
+    monkeypatch.setattr(bw_cli, "rebuild", lambda *a, **k: rebuild.Rebuild(tree, executed, sorted(executed), [], 0, 1.0))
     monkeypatch.chdir(repo)
     capsys.readouterr()
-    assert cli.main(["--index-url", url, "--apply"]) == 1
+    assert bw_cli.main(["--index-url", url, "--apply"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {repo}/reports/beta-{PACKAGE}-{NEW}.md: REGRESSION"), err
     assert f"rwkv7-tiny/{RECIPE}: " in err[0] and "max|dlogits| grew" in err[0] and "fix: do not adopt" in err[0]
