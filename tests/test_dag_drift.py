@@ -39,11 +39,13 @@ def test_metrics_and_plots_and_params(repo_root):
     assert gate["metrics"] == [{"results/rwkv7-tiny/gate/fp16.json": {"cache": True}}]
     assert list(gate["plots"][0]) == ["results/rwkv7-tiny/gate/fp16.tsv"]
     assert stages["export-rwkv7-tiny-int8keepproj"]["params"] == [
-        {"config.yaml": ["models.rwkv7-tiny.dir", "prefill.chunk", "recipes.int8keepproj"]}]
+        {"config.yaml": ["models.rwkv7-tiny.dir", "models.rwkv7-tiny.family", "prefill.chunk",
+                         "recipes.int8keepproj"]}]
 
 
-def _index_from(jobs):
-    return {dag.stage_name(j): {"cmd": j["cmd"], "deps": sorted(j["deps"] + dag.code_files(j["rule"])),
+def _index_from(jobs, cfg):
+    return {dag.stage_name(j): {"cmd": j["cmd"],
+                                "deps": sorted(set(j["deps"] + dag.code_files(j["rule"], dag.family_of(j, cfg)))),
                                 "outs": sorted(j["outs"])} for j in jobs if j["cmd"]}
 
 
@@ -56,7 +58,7 @@ def _index_from(jobs):
     (lambda ix: ix["card-rwkv7-tiny"].__setitem__("outs", ["elsewhere.md"]), "stage card-rwkv7-tiny: outs"),
 ])
 def test_drift_is_detected(jobs, damage, needle, cfg):
-    index = copy.deepcopy(_index_from(jobs))
+    index = copy.deepcopy(_index_from(jobs, cfg))
     assert dag.drift(jobs, index, cfg) == []
     damage(index)
     assert any(needle in p for p in dag.drift(jobs, index, cfg))
@@ -79,8 +81,18 @@ def test_each_stage_fingerprints_its_own_code_and_no_other_stages(rule):
     (end to end for a sample: tests/test_pipeline_integration.py)."""
     script, module = fingerprint.ENTRY[rule]
     files = set(fingerprint.code_files(rule))
-    assert {f"scripts/{script}.py", f"recurrent_coreai/{module}.py"} <= files
+    assert {f"scripts/{script}.py", f"recurrent_coreai/{module.replace('.', '/')}.py"} <= files
+    assert module in fingerprint.modules(rule)
     others = {f"scripts/{s}.py" for r, (s, _) in fingerprint.ENTRY.items() if r != rule}
-    assert not files & others, f"{rule} also fingerprints {sorted(files & others)}"
+    with_family = set(fingerprint.code_files(rule, "rwkv7"))
+    for fs in (files, with_family):
+        assert not fs & others, f"{rule} also fingerprints {sorted(fs & others)}"
     before = fingerprint.digest(rule)
     assert len(before) == 64 and before == fingerprint.digest(rule)
+    # a family's folder counts for the stages that run family code, and only for those
+    family_init = "recurrent_coreai/families/rwkv7/__init__.py"
+    if rule in fingerprint.FAMILY_RULES:
+        assert files < with_family and family_init in with_family
+        assert fingerprint.digest(rule, "rwkv7") != before
+    else:
+        assert with_family == files and fingerprint.digest(rule, "rwkv7") == before
