@@ -106,7 +106,7 @@ def test_disk_full_names_the_output_and_the_space(tmp_path, capsys):
 
 
 def test_an_internal_error_is_one_line_and_the_traceback_goes_to_the_log(tmp_path, capsys, monkeypatch):
-    from recurrent_coreai.coreai import toolchain
+    from recurrent_coreai.stages import toolchain  # the stage module holds main and calls record by this name
 
     def boom():
         raise RuntimeError("unexpected state\nsecond line")
@@ -115,7 +115,7 @@ def test_an_internal_error_is_one_line_and_the_traceback_goes_to_the_log(tmp_pat
     log = tmp_path / "toolchain.log"
     line = one_line(capsys, cli.toolchain(["--config-file", str(config_file(tmp_path)), "--out",
                                            str(tmp_path / "t.json"), "--log", str(log)]))
-    assert line == ("error: recurrent_coreai.coreai.toolchain: internal error (RuntimeError: unexpected state) -- fix: this is a "
+    assert line == ("error: recurrent_coreai.stages.toolchain: internal error (RuntimeError: unexpected state) -- fix: this is a "
                     f"bug: please report it with the traceback in {log}")
     text = log.read_text()
     assert "Traceback (most recent call last)" in text and line in text
