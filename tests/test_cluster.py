@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from recurrent_coreai import families
 from recurrent_coreai.pipeline import resources
+from recurrent_coreai.pipeline.records import MANIFEST, load_json
 from recurrent_coreai.families.rwkv7.geometry import Geometry
 from repo_copies import SHORT_GATE
 
@@ -25,6 +27,8 @@ CLUSTER = ROOT / "tests" / "cluster"
 # the zoo's geometries (config.yaml: RWKV-7 World 0.1B, 0.4B, 1.5B, 2.9B)
 ZOO = {"0.1B": Geometry(12, 768, 64, 3072, 65536, 64, 64, 32, 128), "0.4B": Geometry(24, 1024, 64, 4096, 65536, 64, 64, 32, 160),
        "1.5B": Geometry(24, 2048, 64, 8192, 65536, 96, 96, 64, 256), "2.9B": Geometry(32, 2560, 64, 10240, 65536, 96, 96, 64, 320)}
+RWKV7 = families.get("rwkv7")
+PARAMS = {name: RWKV7.parameter_count(g) for name, g in ZOO.items()}
 MEASURED_1_5B_EXPORT_PEAK_MB = 3_800  # peak RSS of the 1.5B-shaped fp16 export (bench/bench_scale.py; 3.06 GB bundle)
 LOCAL_RULES = {"source", "stage_and_push", "publish"}  # network / HF_TOKEN, and the aggregate target
 GATE_PROMPTS, GATE_STEPS = SHORT_GATE["prompts"], SHORT_GATE["steps"]  # as tiny_results
@@ -33,30 +37,30 @@ GATE_PROMPTS, GATE_STEPS = SHORT_GATE["prompts"], SHORT_GATE["steps"]  # as tiny
 # --- resources.py --------------------------------------------------------------------------------
 def test_parameter_count_is_what_the_checkpoint_stores(tiny_source):
     """4 bytes per parameter: the synthetic checkpoint's fp32 safetensors file, less its header."""
-    g = resources.geometry_of(tiny_source)
+    n = resources.parameters_recorded("rwkv7", tiny_source)
     stored = (tiny_source / "model.safetensors").stat().st_size
     header = 8 + int.from_bytes((tiny_source / "model.safetensors").read_bytes()[:8], "little")
-    assert resources.parameters(g) * 4 == stored - header
+    assert n * 4 == stored - header
 
 
 def test_the_zoo_sizes_match_their_published_sizes():
     """fp32 bytes of the 1.5B = the 6.1 GB source; parameter counts = the fla-hub names (191M, 1.5B, 2.9B)."""
-    counts = {name: resources.parameters(g) for name, g in ZOO.items()}
+    counts = PARAMS
     assert counts["1.5B"] * 4 / 1e9 == pytest.approx(6.1, abs=0.05)
     assert round(counts["0.1B"] / 1e6) == 191 and round(counts["2.9B"] / 1e9, 1) == 2.9
 
 
 def test_export_memory_covers_the_measured_peak_without_waste():
-    mem = resources.estimate("export", ZOO["1.5B"], "float16")["mem_mb"]
+    mem = resources.estimate("export", PARAMS["1.5B"], "float16")["mem_mb"]
     assert MEASURED_1_5B_EXPORT_PEAK_MB < mem < 1.5 * MEASURED_1_5B_EXPORT_PEAK_MB
 
 
 def test_requests_grow_with_the_model_and_with_retries():
     for rule in resources.SIZED:
-        asks = [resources.estimate(rule, g, "float16", steps=127) for g in ZOO.values()]
+        asks = [resources.estimate(rule, n, "float16", steps=127) for n in PARAMS.values()]
         assert all(a["mem_mb"] < b["mem_mb"] and a["runtime"] <= b["runtime"] for a, b in zip(asks, asks[1:])), rule
-    assert [resources.cpus_for(resources.parameters(g)) for g in ZOO.values()] == [1, 1, 4, 8]
-    first, retry = (resources.estimate("export", ZOO["1.5B"], attempt=a)["mem_mb"] for a in (1, 2))
+    assert [resources.cpus_for(n) for n in PARAMS.values()] == [1, 1, 4, 8]
+    first, retry = (resources.estimate("export", PARAMS["1.5B"], attempt=a)["mem_mb"] for a in (1, 2))
     assert retry >= 1.5 * first - 100
     assert resources.estimate("card")["mem_mb"] == resources.FLAT["card"][0]
     with pytest.raises(ValueError, match="no size for rule 'lint'"):
@@ -67,12 +71,15 @@ def test_a_job_without_its_record_yet_is_to_be_determined(tmp_path, tiny_source)
     """Snakemake shows <TBD> for a resource whose function raises FileNotFoundError for an input."""
     missing = tmp_path / "results/m/source"
     with pytest.raises(FileNotFoundError) as exc:
-        resources.geometry_of(missing)
+        resources.parameters_recorded("rwkv7", missing)
     assert exc.value.filename == str(missing)
+    geom = RWKV7.geometry_from_dict(load_json(tiny_source / MANIFEST)["geometry"])
     export = tmp_path / "export"
     export.mkdir()
-    (export / "export.json").write_text(json.dumps({"geometry": resources.geometry_of(tiny_source).as_dict()}))
-    assert resources.geometry_of(export) == resources.geometry_of(tiny_source)
+    (export / "export.json").write_text(json.dumps({"geometry": geom.as_dict()}))
+    assert RWKV7.geometry_from_dict(load_json(export / "export.json")["geometry"]) == geom
+    assert resources.parameters_recorded("rwkv7", export) == resources.parameters_recorded("rwkv7", tiny_source) \
+        == RWKV7.parameter_count(geom)
 
 
 def dry_run_jobs(text: str) -> list[dict]:
@@ -93,12 +100,13 @@ def expected(repo_results: Path, cfg: dict, job: dict) -> dict:
     """What resources.py asks for this job, from the records of the built tree."""
     w, rule = job["wildcards"], job["rule"]
     record = {"reference": "source", "export": "source", "aot": "export", "gate": "export"}.get(rule)
-    g = None
+    n = None
     if record:
         base = repo_results / w["model"]
-        g = resources.geometry_of(base / "source" if record == "source" else base / "export" / w["recipe"])
+        n = resources.parameters_recorded(cfg["models"][w["model"]]["family"],
+                                          base / "source" if record == "source" else base / "export" / w["recipe"])
     dtype = cfg["recipes"].get(w.get("recipe"), {}).get("dtype", "float32")
-    return resources.estimate(rule, g, dtype, steps=cfg["gate"]["steps"])
+    return resources.estimate(rule, n, dtype, steps=cfg["gate"]["steps"])
 
 
 def test_the_rules_ask_for_what_resources_py_computes(tiny_results, tmp_path):
