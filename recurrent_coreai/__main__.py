@@ -11,7 +11,7 @@ import sys
 
 COMMANDS = {  # name: (module, one-line description)
     "status": ("recurrent_coreai.tools.status", "one row per model and recipe: built, gated, published, stale"),
-    "beta-watch": ("recurrent_coreai.tools.beta_watch", "find newer coreai-* versions; --apply rebuilds and compares"),
+    "beta-watch": ("recurrent_coreai.tools.beta_watch.cli", "find newer coreai-* versions; --apply rebuilds and compares"),
     "generate": ("recurrent_coreai.tools.generate", "generate text with a built bundle in the Core AI runtime (--help)"),
 }
 
