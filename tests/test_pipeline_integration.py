@@ -214,25 +214,31 @@ def _dvc_changed_stages(repo) -> set[str]:
 
 
 # End to end through Snakemake and DVC for a sample (tests/test_dag_drift.py checks every stage's
-# fingerprint in process: its own script and modules in, the other stages' out).
-@pytest.mark.parametrize("edit, rule", [
-    *[(f"scripts/{s}.py", r) for s, r in [("source", "source"), ("gate", "gate"), ("publish", "stage_and_push")]],
-    ("recurrent_coreai/stages/templates/model_card.md.j2", "card"),
-    ("recurrent_coreai/families/rwkv7/reference.py", "reference"),
-    ("recurrent_coreai/coreai/quantize.py", "export"),
-])
-def test_a_code_change_reruns_exactly_the_stages_that_run_it(smk_repo, edit, rule):
-    from recurrent_coreai.pipeline import dag
+# fingerprint in process: its own script and modules in, the other stages' out). A family's folder
+# is in the fingerprint of every stage that runs family code (fingerprint.FAMILY_RULES), for that
+# family's models only.
+FAMILY_RULES = ("source", "vocab", "reference", "export", "doctor", "card", "stage_and_push")
 
+
+@pytest.mark.parametrize("edit, rules", [
+    *[(f"scripts/{s}.py", (r,)) for s, r in [("source", "source"), ("gate", "gate"), ("publish", "stage_and_push")]],
+    ("recurrent_coreai/stages/templates/model_card.md.j2", ("card",)),
+    ("recurrent_coreai/families/rwkv7/reference.py", FAMILY_RULES),
+    ("recurrent_coreai/coreai/quantize.py", ("export",)),
+])
+def test_a_code_change_reruns_exactly_the_stages_that_run_it(smk_repo, edit, rules):
+    from recurrent_coreai.pipeline import dag, fingerprint
+
+    assert set(FAMILY_RULES) == fingerprint.FAMILY_RULES
     repo, _ = smk_repo
     jobs = dag.snakemake_jobs(repo)
     with _edited(repo / edit):
         planned = _planned_rules(repo)
         changed = _dvc_changed_stages(repo)
-    expected = _downstream(jobs, rule) | {"publish"}
-    if rule == "card":  # the card template is read by card and by publish (which merges cards)
-        expected |= {"stage_and_push"} if edit.endswith(".j2") else set()
+    expected = set().union(*(_downstream(jobs, r) for r in rules)) | {"publish"}
+    if edit.endswith(".j2"):  # the card template is read by card and by publish (which merges cards)
+        expected |= {"stage_and_push"}
     assert planned == expected, f"editing {edit}: Snakemake plans {sorted(planned)}"
-    direct = {"card", "stage_and_push"} if edit.endswith(".j2") else {rule}
+    direct = {"card", "stage_and_push"} if edit.endswith(".j2") else set(rules)
     assert changed == direct, f"editing {edit}: dvc status lists {sorted(changed)}"
     assert "Nothing to be done" in run("snakemake -n --cores 1 publish", repo).stdout

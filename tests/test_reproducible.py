@@ -94,18 +94,19 @@ def test_scopes_restore_what_they_patch():
 
 
 @pytest.mark.parametrize("first,expected", [("recurrent_coreai", "True"), ("coreai.runtime", "False")])
-def test_swift_runtime_hashes_deterministically_when_rwkv7_coreai_comes_first(first, expected):
+def test_swift_runtime_hashes_deterministically_when_recurrent_coreai_comes_first(first, expected):
     """metadata.json's key order: importing the package (as every stage does first) turns on
     deterministic hashing in the Swift runtime; loaded before it, the runtime is seeded randomly."""
     env = {k: v for k, v in os.environ.items() if k != reproducible.SWIFT_HASHING_ENV}
-    code = (f"import {first}, coreai.runtime; from recurrent_coreai import reproducible; "
+    code = (f"import {first}, coreai.runtime; from recurrent_coreai.coreai import reproducible; "
             "print(reproducible.swift_hashing_deterministic())")
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.split()[-1] == expected
 
 
-def _unpatched_build(source: Path, recipes: dict, top: Path) -> None:
+def _unpatched_build(source: Path, family: str, recipes: dict, top: Path) -> None:
     """Export and lower with every patch switched off (as before reproducible.py existed)."""
+    from recurrent_coreai import families
     from recurrent_coreai.coreai.runtime import lower_universal
     from recurrent_coreai.stages.export import export_recipe
 
@@ -114,7 +115,7 @@ def _unpatched_build(source: Path, recipes: dict, top: Path) -> None:
         mp.setattr(reproducible, "lowering_scope", contextlib.nullcontext)
         for recipe in RECIPES:
             bundle = f"{MODEL}-{recipe}"
-            export_recipe(source, recipe, recipes[recipe], bundle, top / "export" / recipe)
+            export_recipe(families.get(family), source, recipe, recipes[recipe], bundle, top / "export" / recipe)
             lowered = top / "aot" / "universal" / recipe / f"{bundle}.aimodelx"
             lowered.mkdir(parents=True)
             lower_universal(top / "export" / recipe / f"{bundle}.aimodel", lowered)
@@ -134,7 +135,7 @@ def builds(tiny_source, cfg, tmp_path_factory) -> dict[str, Path]:
         cwd=top / "cwd", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     unpatched = tmp_path_factory.mktemp("unpatched")
     try:
-        _unpatched_build(tiny_source, cfg["recipes"], unpatched)
+        _unpatched_build(tiny_source, cfg["models"][MODEL]["family"], cfg["recipes"], unpatched)
     finally:
         log = proc.communicate(timeout=900)[0]
     assert proc.returncode == 0, log[-3000:]
