@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
+from recurrent_coreai import families
 from recurrent_coreai.stages import doctor
 from recurrent_coreai.stages import export
 from recurrent_coreai.stages import report
@@ -52,13 +53,14 @@ def inputs(tmp_path_factory, repo_root):
     tmp = tmp_path_factory.mktemp("report")
     lay, conf = Layout(RESULTS, M), str(RESULTS.parent / "config.yaml")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(export, "export_recipe", lambda source, name, *a: read_export(lay.export(name)))
+        mp.setattr(export, "export_recipe", lambda family, source, name, *a: read_export(lay.export(name)))
         for r in recipes():
             assert export.main(["--config-file", conf, "--model", M, "--recipe", r, "--source", str(lay.source),
                                 "--out", str(tmp / "unused"), "--log", str(tmp / "logs" / f"export-{r}.log")]) == 0
-    for r in recipes():
+    family = families.get(yaml.safe_load(Path(conf).read_text())["models"][M]["family"])
+    for r in recipes():  # the doctor rule's inputs: the family's export sources, the checkpoint, the bundle
         assert doctor.main(["--config-file", conf, "--model", M, "--recipe", r, "--sources",
-                            *[str(repo_root / s) for s in doctor.SOURCES], "--checkpoint", str(lay.source),
+                            *[str(repo_root / s) for s in family.export_sources], "--checkpoint", str(lay.source),
                             "--export", str(lay.export(r)), "--out", str(tmp / "doctor" / f"{r}.doctor.json")]) == 0
     return tmp
 
