@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from hubserver import HubServer, client_env, run_python
+from recurrent_coreai import families
 from recurrent_coreai.hub import catalog
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.pipeline.paths import stage_args
@@ -66,7 +67,7 @@ def test_entries_pin_the_upload_and_validate_offline(pushed):
     assert {f["path"] for f in hf["files"]} == set(remote) - {".gitattributes", "README.md"}
     for f in hf["files"]:  # what the Hub serves at that commit, byte for byte
         assert f["sha256"] == hashlib.sha256(remote[f["path"]]).hexdigest() and f["size_bytes"] == len(remote[f["path"]])
-    assert art["provenance"]["converted_by"] == {"tool": "rwkv7-coreai", "version": "0.1.0"}
+    assert art["provenance"]["converted_by"] == {"tool": "recurrent-coreai", "version": "0.1.0"}
 
     assert model["id"] == art["id"] == model["artifact_ref"] == "rwkv7-tiny-coreai"
     assert model["architecture"] == "recurrent" and model["last_verified"] == "2026-11-30"
@@ -105,7 +106,7 @@ def test_an_export_without_functions_gives_no_entry():
     record = yaml.safe_load((RESULTS / M / "export" / "fp16" / "export.json").read_text())
     del record["functions"]
     with pytest.raises(PipelineError, match="records no functions"):
-        catalog.io_contract({"fp16": record}, None)
+        catalog.io_contract(families.get("rwkv7"), {"fp16": record}, None)
 
 
 def test_no_entry_without_a_commit(tmp_path):
