@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from recurrent_coreai.coreai import quantize  # noqa: E402
-from recurrent_coreai.families.rwkv7.checkpoint import load_checkpoint  # noqa: E402
+from recurrent_coreai.checkpoints.reader import load_checkpoint  # noqa: E402
 from recurrent_coreai.families.rwkv7.reference import Reference  # noqa: E402
 
 

@@ -36,10 +36,11 @@ def copy_card_inputs(dst: Path) -> Path:
     """Copy what the card stage reads (small files only) into ``dst``; returns the results root."""
     src = RESULTS / MODEL
     out = dst / MODEL
-    for rel in ["source/manifest.json", "source/README.md", "vocab/rwkv_vocab.tsv",
+    for rel in ["source/manifest.json", "source/README.md",
                 *(f"export/{r}/export.json" for r in RECIPES), *(f"gate/{r}.json" for r in RECIPES)]:
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src / rel, out / rel)
+    shutil.copytree(src / "vocab", out / "vocab")  # the vocab stage's output is a directory (rwkv_vocab.tsv inside)
     shutil.copyfile(RESULTS / "toolchain.json", dst / "toolchain.json")
     return dst
 
@@ -256,7 +257,7 @@ def test_the_cards_app_code_prefills_then_decodes_like_the_reference(work, capsy
     import numpy as np
     import torch
 
-    from recurrent_coreai.families.rwkv7.checkpoint import load_checkpoint
+    from recurrent_coreai.checkpoints.reader import load_checkpoint
     from recurrent_coreai.families.rwkv7.reference import Reference
 
     usage = block(render_card(work, capsys=capsys), "usage")
@@ -504,7 +505,10 @@ def test_card_cli_end_to_end(work, capsys):
     arch = block(card, "architecture")
     assert f"| layers | {g['layers']} |" in arch and f"| hidden size | {g['hidden']} |" in arch
     n_vocab = sum(1 for line in (model_dir(work) / "vocab" / "rwkv_vocab.tsv").read_text().splitlines() if line)
-    assert f"{n_vocab} tokens in `rwkv_vocab.tsv`" in arch
+    from recurrent_coreai.tokenizers import world  # the tokenizer kind describes itself, naming the device file
+
+    assert "rwkv_vocab.tsv" in world.DESCRIPTION
+    assert f"| vocabulary | {g['vocab']} ({world.DESCRIPTION}; {n_vocab} tokens) |" in arch
     layout = block(card, "layout")
     for r in RECIPES:
         bundle = f"{MODEL}-{r}"

@@ -175,6 +175,13 @@ def test_receipt_lists_every_staged_file_with_hashes_and_gates(staged):
     assert "no publish.repo" in receipt["push"]["reason"]
     assert receipt["push"]["would_commit"] == sorted(receipt["files"])
     assert receipt["model"] == MODEL and receipt["repo"] is None
+    # the family (the catalog reads it) and the vocab stage's files, each staged beside every compiled bundle
+    assert receipt["family"] == "rwkv7"
+    vocab_files = sorted(q.name for q in (results / MODEL / "vocab").iterdir() if q.is_file())
+    assert receipt["tokenizer_files"] == vocab_files and "rwkv_vocab.tsv" in vocab_files
+    for r in RECIPES:
+        for name in vocab_files:
+            assert f"{TARGET}/{MODEL}-{r}/{name}" in receipt["files"], (r, name)
     manifest = json.loads((results / MODEL / "source" / "manifest.json").read_text())
     assert receipt["source"] == manifest["source"]
     assert receipt["toolchain"] == json.loads((results / "toolchain.json").read_text())["versions"]
