@@ -21,6 +21,7 @@ from recurrent_coreai.pipeline.config import origin
 from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_functions
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.frontmatter import FRONT, front_matter
+from recurrent_coreai.util.fsutil import IGNORED
 from recurrent_coreai.util.safetensors_stream import WEIGHT_FILE
 from recurrent_coreai.pipeline.records import EXPORT, by_recipe, load_json, read_manifest
 
@@ -144,7 +145,7 @@ def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dic
         "family": family, "architecture_rows": family.card_rows(family.geometry_from_dict(g)),
         "state_meanings": {s.name: s.meaning for s in family.state_specs(family.geometry_from_dict(g))},
         "tokenizer_description": tok.DESCRIPTION, "eos": tok.EOS, "chat_description": tok.CHAT_DESCRIPTION,
-        "device_files": sorted(p.name for p in Path(vocab_dir).iterdir() if p.is_file()),
+        "device_files": sorted(p.name for p in Path(vocab_dir).iterdir() if p.is_file() and p.name not in IGNORED),
         "functions": [functions[DECODE], functions[PREFILL]], "decode": functions[DECODE],
         "prefill": functions[PREFILL], "prefill_gate": next(iter(gates.values()))["prefill"],
         "targets": targets, "gate_steps": max(g.get("reference_steps", g["steps"]) for g in gates.values()),
