@@ -47,6 +47,7 @@ class Rwkv6Family(Family):
         "state_inputs": _LINEAR + r"attention\.(receptance|key|value|gate|maa_w1|maa_w2\.\d+|decay_w1|decay_w2)",
     }
     tags: ClassVar[tuple[str, ...]] = ("rwkv", "rwkv6", "finch", "recurrent")
+    min_vocab = 65530  # the World vocabulary's ids (0..65529) must all have a row
     max_chunk: ClassVar[int] = 128
     shape_keys: ClassVar[tuple[str, ...]] = _geometry.SHAPE_KEYS
     card_summary: ClassVar[str] = (
