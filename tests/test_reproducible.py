@@ -1,4 +1,4 @@
-"""Byte-reproducible bundles and lowerings (recurrent_coreai/coreai/reproducible.py).
+"""Byte-reproducible bundles and lowerings (the package recurrent_coreai/coreai/reproducible/).
 
 * every assumption the patches make about coreai's internals still holds (else: which one broke);
 * a build of the default model in a fresh process gives the same files (export + lowering) as
@@ -105,7 +105,7 @@ def test_swift_runtime_hashes_deterministically_when_recurrent_coreai_comes_firs
 
 
 def _unpatched_build(source: Path, family: str, recipes: dict, top: Path) -> None:
-    """Export and lower with every patch switched off (as before reproducible.py existed)."""
+    """Export and lower with every patch switched off (as before the reproducible package existed)."""
     from recurrent_coreai import families
     from recurrent_coreai.coreai.runtime import lower_universal
     from recurrent_coreai.stages.export import export_recipe
@@ -245,7 +245,7 @@ def test_resource_renaming_is_a_pure_renaming(recipe, unpatched, tmp_path):
     assert reproducible.canonicalize_resource_names(copy) == 0 and copy.read_bytes() == canonical.read_bytes()
 
     with open(original, "rb") as fh:
-        head = next(s for s in reproducible._sections(fh) if s["id"] == reproducible.SECTION_STRING)["header"]
+        head = next(s for s in reproducible.sections(fh) if s["id"] == reproducible.SECTION_STRING)["header"]
     with open(original, "rb") as f1, open(canonical, "rb") as f2:
         assert f1.read(head) == f2.read(head)
 
