@@ -24,6 +24,7 @@ import shutil
 import subprocess
 from pathlib import Path, PurePosixPath
 
+from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.util.fsutil import dumps_json, sha256_file, tree_files
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -52,12 +53,26 @@ def provenance_files(bundle_dir: str | Path) -> tuple[str, str]:
     return statement_name(bundle_dir), signature_name(bundle_dir)
 
 
-def subjects(bundle_dir: str | Path) -> list[dict]:
-    """Every file of the folder but its statement and signature, by relative path, sorted."""
+def subjects(bundle_dir: str | Path, verified: dict[str, str] | None = None) -> list[dict]:
+    """Every file of the folder but its statement and signature, by relative path, sorted. With
+    ``verified`` ({relative path: sha256} from the records of the stages that wrote the files),
+    every subject must be one of those files with that digest: only verified digests are attested."""
     bundle_dir = Path(bundle_dir)
     skip = set(provenance_files(bundle_dir))
-    return [{"name": rel.as_posix(), "digest": {"sha256": sha256_file(bundle_dir / rel)}}
+    subs = [{"name": rel.as_posix(), "digest": {"sha256": sha256_file(bundle_dir / rel)}}
             for rel in tree_files(bundle_dir) if rel.as_posix() not in skip]
+    if verified is not None:
+        for s in subs:
+            if verified.get(s["name"]) != s["digest"]["sha256"]:
+                what = ("is no file any stage recorded" if s["name"] not in verified
+                        else "differs from what its stage recorded")
+                raise PipelineError(bundle_dir / s["name"], f"{what}: it is not attested",
+                                    "stage again: snakemake --cores 1 publish --forcerun stage_and_push")
+        missing = sorted(set(verified) - {s["name"] for s in subs})
+        if missing:
+            raise PipelineError(bundle_dir / missing[0], "is recorded but was not staged: it is not attested",
+                                "stage again: snakemake --cores 1 publish --forcerun stage_and_push")
+    return subs
 
 
 def _run(cmd: list[str]) -> str:
@@ -131,14 +146,14 @@ def _source_dependencies(manifest: dict) -> list[dict]:
 
 
 def statement(bundle_dir: str | Path, *, bundle_rel: str, export_record: dict, gate: dict, source_manifest: dict,
-              targets: list[str], platform_info: dict, pipeline: dict) -> dict:
+              targets: list[str], platform_info: dict, pipeline: dict, verified: dict[str, str] | None = None) -> dict:
     """The in-toto Statement (SLSA provenance v1) of one published bundle folder.
 
     ``bundle_rel``: the folder's path in the Hub tree (``aimodel/<bundle>``, ``<target>/<bundle>``);
     ``export_record``: the recipe's ``export.json`` (its ``toolchain`` is what built the bundle);
     ``gate``: its passing gate JSON; ``targets``: what this folder is for; ``pipeline``:
     :func:`pipeline_record`, optionally with ``code`` ({stage: code digest})."""
-    subs = subjects(bundle_dir)
+    subs = subjects(bundle_dir, verified)
     aimodel = export_record["bundle"]
     tested = gate["tested_files"]
     gated = {f"{aimodel}/{rel}": v["sha256"] for rel, v in tested["aimodel"].items()}
@@ -187,15 +202,16 @@ def statement(bundle_dir: str | Path, *, bundle_rel: str, export_record: dict, g
 
 
 def attest(staging_root: str | Path, bundle_rel: str, *, export_record: dict, gate: dict, source_manifest: dict,
-           targets: list[str], code: dict[str, str] | None = None) -> dict:
+           targets: list[str], code: dict[str, str] | None = None, verified: dict[str, str] | None = None) -> dict:
     """Write ``<bundle>.intoto.json`` into ``staging_root/bundle_rel`` (for this OS and checkout);
-    ``code``: {stage: code digest} of the stages that built it (Snakemake's ``params.code``).
+    ``code``: {stage: code digest} of the stages that built it (Snakemake's ``params.code``);
+    ``verified``: {path in the folder: sha256} the stages recorded (see :func:`subjects`).
     Returns ``{"statement": relpath in the tree, "sha256": its digest}``."""
     bundle_dir = Path(staging_root) / bundle_rel
     pipeline = pipeline_record() | ({"code": dict(sorted(code.items()))} if code else {})
     stmt = statement(bundle_dir, bundle_rel=bundle_rel, export_record=export_record, gate=gate,
                      source_manifest=source_manifest, targets=targets, platform_info=platform_record(),
-                     pipeline=pipeline)
+                     pipeline=pipeline, verified=verified)
     path = bundle_dir / statement_name(bundle_dir)
     path.write_text(dumps_json(stmt), encoding="utf-8", newline="\n")
     return {"statement": f"{bundle_rel}/{path.name}", "sha256": sha256_file(path)}

@@ -14,11 +14,10 @@ from recurrent_coreai.util.fsutil import git_blob_sha1, sha256_file, tree_files
 from recurrent_coreai.hub.errors import common_failure, first_line, http_detail, http_status, hub_error, scrub
 
 PATHS_INFO_BATCH = 100  # paths per get_paths_info request
-_error = hub_error  # publish.py reports its Hub reads with hub_upload._error / _describe
 
 
 def upload_tree(repo_id: str, staging: Path, *, message: str, token: str, revision: str = "main",
-                create: bool = True, parent: str | None = None) -> dict:
+                create: bool = True, parent: str | None = None, expected: dict[str, str] | None = None) -> dict:
     """Make branch ``revision`` of model repo ``repo_id`` hold every file below ``staging``.
 
     Each local file is compared with the remote one at the branch head (size, and the sha256 for
@@ -29,6 +28,8 @@ def upload_tree(repo_id: str, staging: Path, *, message: str, token: str, revisi
 
     ``parent``: the commit the caller based ``staging`` on (e.g. the head whose README it merged);
     the commit is made on top of it, so a branch that moved since is refused instead of overwritten.
+    ``expected``: {path: sha256} the stages recorded for the staged files (publish.json): every
+    local file must be one of them with that digest, checked before anything reaches the network.
     ``create``: create the repo first (``exist_ok``). Requires ``HF_HUB_DISABLE_XET=1`` in the
     environment (see the module docstring). Every failure is a one-line ``PipelineError`` at
     ``hf://{repo_id}``; the token never appears in messages, exceptions or the return value.
@@ -39,15 +40,26 @@ def upload_tree(repo_id: str, staging: Path, *, message: str, token: str, revisi
     where = f"hf://{repo_id}"
     staging = Path(staging)
     if not token or not isinstance(token, str):
-        raise _error(where, "no Hub token given", "set HF_TOKEN to a token with write access to the repo", token)
+        raise hub_error(where, "no Hub token given", "set HF_TOKEN to a token with write access to the repo", token)
     if not message or not message.strip():
-        raise _error(where, "empty commit message", "pass a commit message", token)
+        raise hub_error(where, "empty commit message", "pass a commit message", token)
     if not staging.is_dir():
-        raise _error(staging, "staging directory does not exist", "run the stage that fills it first", token)
+        raise hub_error(staging, "staging directory does not exist", "run the stage that fills it first", token)
     local = {rel.as_posix(): staging / rel for rel in tree_files(staging)}
     if not local:
-        raise _error(staging, "staging directory is empty: nothing to publish", "run the stage that fills it first",
-                     token)
+        raise hub_error(staging, "staging directory is empty: nothing to publish", "run the stage that fills it first",
+                        token)
+    if expected is not None:
+        for rel, path in sorted(local.items()):
+            if rel not in expected or sha256_file(path) != expected[rel]:
+                what = "is no file the publish stage recorded" if rel not in expected else \
+                    "differs from what the publish stage recorded"
+                raise PipelineError(path, f"{what}; nothing was uploaded",
+                                    "stage again: snakemake --cores 1 publish --forcerun stage_and_push")
+        missing = sorted(set(expected) - set(local))
+        if missing:
+            raise PipelineError(staging / missing[0], "is recorded by the publish stage but missing; nothing was "
+                                "uploaded", "stage again: snakemake --cores 1 publish --forcerun stage_and_push")
 
     failure: tuple[str, str] | None = None
     result: dict | None = None
@@ -57,10 +69,10 @@ def upload_tree(repo_id: str, staging: Path, *, message: str, token: str, revisi
     except PipelineError as exc:
         failure = (exc.what, exc.fix)
     except Exception as exc:  # noqa: BLE001 - every client/network failure becomes one line
-        failure = _describe(exc, revision)
+        failure = describe_failure(exc, revision)
     # raised outside the except block: no chained exception (whose text could carry anything) survives
     if failure is not None:
-        raise _error(where, failure[0], failure[1], token)
+        raise hub_error(where, failure[0], failure[1], token)
     return {key: scrub(value, token) for key, value in result.items()}
 
 
@@ -109,8 +121,9 @@ def _same(path: Path, entry) -> bool:
     return entry.size == size and entry.blob_id == git_blob_sha1(path)
 
 
-def _describe(exc: BaseException, revision: str) -> tuple[str, str]:
-    """(what, fix) for an exception raised by huggingface_hub or the network."""
+def describe_failure(exc: BaseException, revision: str) -> tuple[str, str]:
+    """(what, fix) for an exception huggingface_hub or the network raised while reading or writing
+    branch ``revision`` of a repo (pass it to :func:`~recurrent_coreai.hub.errors.hub_error`)."""
     from huggingface_hub import errors as hf_errors
 
     retry = "run the upload again (files already on the Hub are skipped, so a retry is safe)"

@@ -4,7 +4,9 @@
 output altered after it was built. So we commit only the stages whose outputs this run wrote
 (every output newer than the run's start; Snakemake stamps directory outputs on completion),
 and only when the run used config.yaml's settings, which are what dvc.yaml and dvc.lock
-describe. Anything else is left for ``dvc status`` to show as changed.
+describe. Anything else is left for ``dvc status`` to show as changed. And a stage is recorded
+only when every output's bytes are the ones its stage recorded (``records.verify_output``: the
+integrity chain); one that differs is one line, left unrecorded, and the exit status is 1.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import yaml
 from recurrent_coreai.pipeline import config as cfgmod
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.pipeline.paths import STATE_DIR
+from recurrent_coreai.pipeline.records import verify_output
 
 TIMESTAMP = ".snakemake_timestamp"
 
@@ -39,6 +42,19 @@ def stage_outs(stage: dict) -> list[Path]:
 def executed_stages(stages: dict, since: float) -> list[str]:
     return [name for name, st in stages.items()
             if stage_outs(st) and all(built_since(p, since) for p in stage_outs(st))]
+
+
+def unverified(stages: dict, names: list[str]) -> dict[str, PipelineError]:
+    """The first output of each stage in ``names`` whose bytes differ from its stage's record."""
+    bad = {}
+    for name in names:
+        for out in stage_outs(stages[name]):
+            try:
+                verify_output(out)
+            except PipelineError as exc:
+                bad[name] = exc
+                break
+    return bad
 
 
 def _say(line: str) -> None:
@@ -92,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         _say("dvc.yaml regenerated from the Snakefile's DAG (commit it)")
     stages = yaml.safe_load(text)["stages"]
     names = executed_stages(stages, ns.since)
+    refused = unverified(stages, names)
+    for name, exc in refused.items():
+        _say(f"error: {exc} (DVC: stage {name} not recorded)")
+    names = [n for n in names if n not in refused]
     if names:
         proc = dvc_commit(names)
         if proc.returncode:
@@ -99,4 +119,4 @@ def main(argv: list[str] | None = None) -> int:
             _say(f"error: dvc commit: {why} -- fix: run `dvc status`, then `dvc commit -f {' '.join(names[:2])} …` by hand")
             return proc.returncode
     print(f"DVC: recorded the {len(names)} stage(s) this run built, of {len(stages)}")
-    return 0
+    return 1 if refused else 0

@@ -5,55 +5,324 @@
 * ``aot.json`` in ``results/<m>/aot/<target>/<recipe>/``: the digests of the bundle it was built
   from (``from``) and of every file it wrote (``files``, relative to that directory).
 * the gate JSON: the verdict, and ``tested_files`` (what the gate ran).
+
+The integrity chain: every stage output carries the sha256 of every byte its stage wrote, and
+every consumer checks the bytes it reads against it before using them (:func:`verify_output`).
+
+* A JSON record is SEALED: its ``"record"`` field holds the writing stage and the sha256 of the
+  record's canonical text without that field, and the file must be exactly that canonical text
+  (:func:`sealed_text`, :func:`check_seal`). So ``manifest.json``, ``export.json``, ``aot.json``,
+  ``vocab.record.json``, ``publish.json``, the gate JSON, the doctor JSON and ``toolchain.json``
+  vouch for themselves; the directory records list every other file of their directory
+  (``files``; ``export.json`` the bundle's, under ``<bundle>/``).
+* The gate JSON records the sha256 of the gate TSV it wrote beside it (``tsv``).
+* The reference ``stream.npz`` holds ``record_sha256``: the sha256 over its arrays
+  (:func:`stream_digest`).
+* The card ends in one HTML comment with the sha256 of the text above it (:func:`seal_card`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
 
 from recurrent_coreai.util.errors import PipelineError
-from recurrent_coreai.util.fsutil import first_difference, tree_manifest
+from recurrent_coreai.util.fsutil import IGNORED, dumps_json, first_difference, tree_manifest
 
 MANIFEST = "manifest.json"
 EXPORT = "export.json"
 AOT = "aot.json"
+VOCAB_RECORD = "vocab.record.json"  # in the vocab stage's directory; never a tokenizer file
+RECEIPT = "publish.json"
+CATALOG_ENTRIES = "coreai-catalog.yaml"  # written into the publish directory after a push (hub/catalog.py)
+SEAL = "record"  # the field of a sealed JSON record
+STREAM_SEAL = "record_sha256"  # the array of the reference stream.npz holding its digest
+CARD_SEAL = re.compile(r"<!-- recurrent-coreai card sha256 (?P<sha>[0-9a-f]{64}) -->\n\Z")
+
+
+# --- the integrity chain -------------------------------------------------------------------------
+def rerun_fix(rule: str) -> str:
+    return f"rerun it: snakemake --cores 1 publish --forcerun {rule}"
+
+
+def changed(path: str | Path, stage: str, rule: str | None = None, detail: str = "") -> PipelineError:
+    """``<path>: differs from what the <stage> stage recorded -- fix: rerun it: ...``"""
+    return PipelineError(path, f"differs from what the {stage} stage recorded{detail}", rerun_fix(rule or stage))
+
+
+def _digest(text: str | bytes) -> str:
+    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
+
+
+def sealed_text(record: dict, stage: str) -> str:
+    """The canonical text of ``record`` with its seal: what a stage writes as its JSON record."""
+    body = {k: v for k, v in record.items() if k != SEAL}
+    return dumps_json({**body, SEAL: {"stage": stage, "sha256": _digest(dumps_json(body))}})
+
+
+def seal_problem(data: bytes, record: object) -> str | None:
+    """Why ``data`` (parsed: ``record``) is not a record its stage sealed, or None when it is."""
+    if not isinstance(record, dict) or not isinstance(record.get(SEAL), dict):
+        return ": it carries no digest from its stage (written before the integrity chain, or edited)"
+    body = {k: v for k, v in record.items() if k != SEAL}
+    if record[SEAL].get("sha256") != _digest(dumps_json(body)):
+        return ""
+    if data != dumps_json(record).encode():
+        return " (its bytes were rewritten)"
+    return None
+
+
+def check_seal(path: str | Path, stage: str, rule: str | None = None, data: bytes | None = None) -> dict:
+    """A sealed JSON record, read and checked; one line naming the file and the stage otherwise."""
+    path = Path(path)
+    fix = rerun_fix(rule or stage)
+    try:
+        data = path.read_bytes() if data is None else data
+    except FileNotFoundError:
+        raise PipelineError(path, f"missing (the {stage} stage writes it)", fix) from None
+    except IsADirectoryError:
+        raise PipelineError(path, f"is a directory where the {stage} stage writes a file", fix) from None
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise changed(path, stage, rule, " (it is no longer valid JSON)") from None
+    problem = seal_problem(data, record)
+    if problem is not None:
+        raise changed(path, stage, rule, problem)
+    return record
+
+
+def write_sealed(path: str | Path, record: dict, stage: str) -> None:
+    """Write ``record`` sealed (``path`` is inside a stage's temporary output, or use atomic_path)."""
+    Path(path).write_text(sealed_text(record, stage), encoding="utf-8", newline="\n")
+
+
+def verify_files(root: Path, expected: dict[str, dict], stage: str, rule: str | None = None,
+                 skip: tuple[str, ...] = ()) -> None:
+    """Every file below ``root`` (but ``skip`` and bookkeeping) is exactly ``expected``."""
+    on_disk = {rel: v for rel, v in tree_manifest(root).items() if rel not in skip}
+    bad = first_difference(on_disk, expected)
+    if bad:
+        detail = (" (it is missing)" if bad not in on_disk else
+                  " (the stage wrote no such file)" if bad not in expected else "")
+        raise changed(Path(root) / bad, stage, rule, detail)
+
+
+def stream_digest(arrays: dict) -> str:
+    """sha256 over a reference stream's arrays (name, dtype, shape, bytes; sorted by name)."""
+    import numpy as np
+
+    h = hashlib.sha256()
+    for name in sorted(k for k in arrays if k != STREAM_SEAL):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}\0{a.dtype.str}\0{a.shape}\0".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def read_stream(path: str | Path) -> dict:
+    """The reference stage's ``stream.npz`` (its arrays), checked against the digest it holds."""
+    import zipfile
+
+    import numpy as np
+
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except FileNotFoundError:
+        raise PipelineError(path, "missing (the reference stage writes it)", rerun_fix("reference")) from None
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as exc:
+        raise changed(path, "reference", detail=f" (unreadable: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    seal = arrays.pop(STREAM_SEAL, None)
+    if seal is None:
+        raise changed(path, "reference", detail=": it carries no digest from its stage")
+    if str(seal) != stream_digest(arrays):
+        raise changed(path, "reference")
+    return arrays
+
+
+def seal_card(text: str) -> str:
+    """The card's text with its seal: a last line holding the sha256 of everything above it."""
+    return f"{text}<!-- recurrent-coreai card sha256 {_digest(text)} -->\n"
+
+
+def unseal_card(text: str) -> str:
+    """The card's text without its seal (what is merged into a published card)."""
+    m = CARD_SEAL.search(text)
+    return text[:m.start()] if m else text
+
+
+def read_card(path: str | Path) -> str:
+    """The card stage's README.md (without its seal), checked."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise PipelineError(path, "missing (the card stage writes it)", rerun_fix("card")) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise changed(path, "card", detail=" (it is no longer UTF-8 text)") from None
+    m = CARD_SEAL.search(text)
+    if m is None:
+        raise changed(path, "card", detail=": it carries no digest from its stage")
+    if _digest(text[:m.start()]) != m["sha"]:
+        raise changed(path, "card")
+    return text[:m.start()]
+
+
+def read_gate(path: str | Path, tsv: bool = False) -> dict:
+    """A gate JSON (passing or ``.failed.json``), checked; with ``tsv``, also the TSV beside it."""
+    path = Path(path)
+    record = check_seal(path, "gate")
+    if tsv:
+        entry = record.get("tsv") or {}
+        tsv_path = path.with_name(entry.get("name", path.with_suffix(".tsv").name))
+        try:
+            data = tsv_path.read_bytes()
+        except FileNotFoundError:
+            raise changed(tsv_path, "gate", detail=" (it is missing)") from None
+        if entry.get("sha256") != _digest(data):
+            raise changed(tsv_path, "gate")
+    return record
+
+
+def read_toolchain(path: str | Path) -> dict:
+    return check_seal(path, "toolchain")
+
+
+def read_doctor(path: str | Path) -> dict:
+    return check_seal(path, "doctor")
+
+
+def write_vocab_record(vocab_dir: Path) -> dict:
+    """Seal the vocab stage's output: ``vocab.record.json`` listing every other file of it."""
+    from recurrent_coreai.util.fsutil import write_text_atomic
+
+    files = {rel: v for rel, v in tree_manifest(vocab_dir).items() if rel != VOCAB_RECORD}
+    record = {"files": files}
+    write_text_atomic(Path(vocab_dir) / VOCAB_RECORD, sealed_text(record, "vocab"))
+    return record
+
+
+def read_vocab(vocab_dir: str | Path) -> dict[str, dict]:
+    """The vocab stage's files (``{name: {sha256, size}}``, its record excluded), checked."""
+    vocab_dir = Path(vocab_dir)
+    record = check_seal(vocab_dir / VOCAB_RECORD, "vocab")
+    verify_files(vocab_dir, record["files"], "vocab", skip=(VOCAB_RECORD,))
+    return record["files"]
+
+
+def vocab_files(vocab_dir: str | Path) -> list[str]:
+    """The tokenizer files of the vocab stage's output (its record is not one)."""
+    return sorted(p.name for p in Path(vocab_dir).iterdir()
+                  if p.is_file() and p.name not in IGNORED and p.name != VOCAB_RECORD)
+
+
+def read_receipt(publish_dir: str | Path, extra: tuple[str, ...] = ()) -> dict:
+    """``publish.json``, checked, and every staged file against it (``extra``: files written after it)."""
+    publish_dir = Path(publish_dir)
+    record = check_seal(publish_dir / RECEIPT, "publish", "stage_and_push")
+    verify_files(publish_dir, record["files"], "publish", "stage_and_push", skip=(RECEIPT, CATALOG_ENTRIES, *extra))
+    return record
 
 
 def load_json(path: Path, fix: str = "rerun the stage that writes it") -> dict:
+    """A JSON file; a sealed record is checked against its seal (one line naming its stage)."""
     path = Path(path)
     try:
-        return json.loads(path.read_text())
+        data = path.read_bytes()
+        record = json.loads(data.decode("utf-8"))
     except FileNotFoundError:
         raise PipelineError(path, "missing", fix) from None
+    except UnicodeDecodeError:
+        raise PipelineError(path, "is not JSON text (binary?)", fix) from None
     except json.JSONDecodeError as exc:
         raise PipelineError(path, f"invalid JSON ({exc.msg} at line {exc.lineno})", fix) from None
+    if isinstance(record, dict) and isinstance(record.get(SEAL), dict):
+        stage = str(record[SEAL].get("stage", "its"))
+        problem = seal_problem(data, record)
+        if problem is not None:
+            raise changed(path, stage, "stage_and_push" if stage == "publish" else stage, problem)
+    return record
 
 
-def read_export(export_dir: Path) -> dict:
-    return load_json(Path(export_dir) / EXPORT, "rerun the export stage (snakemake --forcerun export)")
+def read_export(export_dir: Path, files: bool = True) -> dict:
+    """``export.json``, checked, and (``files``) every file of the export directory against it."""
+    export_dir = Path(export_dir)
+    record = check_seal(export_dir / EXPORT, "export")
+    if files:
+        verify_files(export_dir, {f"{record['bundle']}/{rel}": v for rel, v in record["files"].items()},
+                     "export", skip=(EXPORT,))
+    return record
 
 
 def read_aot(aot_dir: Path) -> dict:
-    """``aot.json``, checked against the files beside it."""
-    record = load_json(Path(aot_dir) / AOT, "rerun the aot stage (snakemake --forcerun aot)")
-    on_disk = {rel: v for rel, v in tree_manifest(aot_dir).items() if rel != AOT}
-    bad = first_difference(on_disk, record["files"])
-    if bad:
-        raise PipelineError(Path(aot_dir) / bad, "differs from what the aot stage wrote (aot.json)",
-                            "rerun the aot stage: snakemake --forcerun aot")
+    """``aot.json``, checked, and the files beside it against it."""
+    record = check_seal(Path(aot_dir) / AOT, "aot")
+    verify_files(Path(aot_dir), record["files"], "aot", skip=(AOT,))
     return record
 
 
 def by_recipe(paths: list[Path], name: str | None = None) -> dict[str, dict]:
-    """Records (``export.json`` in each dir, or gate JSON files) keyed by the recipe they name."""
-    records = [load_json(Path(p) / name if name else Path(p)) for p in paths]
+    """Records (``export.json`` in each dir, or gate JSON files) keyed by the recipe they name,
+    each checked against its stage's record."""
+    if name == EXPORT:
+        records = [read_export(Path(p)) for p in paths]
+    elif name is None:
+        records = [read_gate(Path(p)) for p in paths]
+    else:
+        records = [load_json(Path(p) / name) for p in paths]
     return {r["recipe"]: r for r in records}
 
 
-def read_manifest(source_dir: Path) -> dict:
-    return load_json(Path(source_dir) / MANIFEST, "run the source stage first")
+def read_manifest(source_dir: Path, files: bool = True) -> dict:
+    """``manifest.json``, checked, and (``files``) every file of the source directory against it."""
+    source_dir = Path(source_dir)
+    if not (source_dir / MANIFEST).exists() and not source_dir.exists():
+        raise PipelineError(source_dir / MANIFEST, "missing", "run the source stage first")
+    record = check_seal(source_dir / MANIFEST, "source")
+    if files:
+        verify_files(source_dir, record["files"], "source", skip=(MANIFEST,))
+    return record
+
+
+# --- any stage output, by what it is ---------------------------------------------------------
+def verify_output(path: str | Path) -> str:
+    """Check one stage output (a DVC ``out``) against its stage's record; returns the kind checked,
+    or ``"unrecorded"`` for an output no stage seals (raises a PipelineError when it differs)."""
+    path = Path(path)
+    if path.is_dir():
+        for name, reader in ((MANIFEST, read_manifest), (EXPORT, read_export), (AOT, read_aot),
+                             (VOCAB_RECORD, read_vocab), (RECEIPT, read_receipt)):
+            if (path / name).is_file():
+                reader(path)
+                return name
+        raise PipelineError(path, "holds no record from the stage that writes it", "rerun that stage")
+    if path.suffix == ".npz":
+        read_stream(path)
+        return "stream"
+    if path.suffix == ".tsv":
+        read_gate(path.with_suffix(".json") if path.with_suffix(".json").exists()
+                  else path.with_suffix(".failed.json"), tsv=True)
+        return "tsv"
+    if path.name == "README.md":
+        read_card(path)
+        return "card"
+    if path.suffix == ".json":
+        load_json(path)
+        try:
+            data = path.read_bytes()
+            sealed = seal_problem(data, json.loads(data)) is None
+        except (OSError, ValueError):
+            sealed = False
+        if not sealed:
+            raise changed(path, "its", detail=": it carries no digest from its stage")
+        return "json"
+    return "unrecorded"
 
 
 # The export stage's summary line in its job log (``export <model>/<recipe>: <bundle>, <size> MB

@@ -16,9 +16,9 @@ from recurrent_coreai.pipeline import stage
 from recurrent_coreai.pipeline.config import DEVICE_ARCHITECTURES
 from recurrent_coreai.coreai.runtime import lower_universal
 from recurrent_coreai.util.errors import PipelineError, main_guard
-from recurrent_coreai.util.fsutil import atomic_path, dumps_json, tree_manifest
+from recurrent_coreai.util.fsutil import atomic_path, tree_manifest
 from recurrent_coreai.pipeline.paths import bundle_name
-from recurrent_coreai.pipeline.records import AOT
+from recurrent_coreai.pipeline.records import AOT, read_export, write_sealed
 
 
 
@@ -58,6 +58,8 @@ def build_target(export_dir: Path, bundle: str, recipe: str, target: str, target
     aimodel = export_dir / f"{bundle}.aimodel"
     if not aimodel.is_dir():
         raise PipelineError(aimodel, "export bundle is missing", "run the export stage first")
+    if (export_dir / "export.json").exists():
+        read_export(export_dir)  # the export stage's bytes, as it recorded them
     source_files = tree_manifest(aimodel)
     with atomic_path(out_dir, directory=True) as tmp:
         if target_cfg["kind"] == "linux":
@@ -68,7 +70,7 @@ def build_target(export_dir: Path, bundle: str, recipe: str, target: str, target
             product = compile_device(aimodel, target, target_cfg.get("platform", "iOS"), aot_cfg, tmp)
         record = {"target": target, "recipe": recipe, "bundle": aimodel.name, "product": product.name,
                   "from": source_files, "files": tree_manifest(tmp)}
-        (tmp / AOT).write_text(dumps_json(record))  # beside the product; never published
+        write_sealed(tmp / AOT, record, "aot")  # beside the product; never published; sealed: pipeline/records.py
     return record
 
 

@@ -21,9 +21,9 @@ from recurrent_coreai.pipeline.config import origin
 from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_functions
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.frontmatter import FRONT, front_matter
-from recurrent_coreai.util.fsutil import IGNORED
 from recurrent_coreai.util.safetensors_stream import WEIGHT_FILE
-from recurrent_coreai.pipeline.records import EXPORT, by_recipe, load_json, read_manifest
+from recurrent_coreai.pipeline.records import (EXPORT, by_recipe, read_manifest, read_toolchain, read_vocab, seal_card,
+                                              vocab_files)
 
 BLOCK = re.compile(r"<!-- (?P<name>[\w-]+) begin -->\r?\n(?P<body>.*?)<!-- (?P=name) end -->", re.S)
 TAGS = ("coreai", "no-kv-cache", "text-generation")  # beside the family's own tags
@@ -145,7 +145,7 @@ def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dic
         "family": family, "architecture_rows": family.card_rows(family.geometry_from_dict(g)),
         "state_meanings": {s.name: s.meaning for s in family.state_specs(family.geometry_from_dict(g))},
         "tokenizer_description": tok.DESCRIPTION, "eos": tok.EOS, "chat_description": tok.CHAT_DESCRIPTION,
-        "device_files": sorted(p.name for p in Path(vocab_dir).iterdir() if p.is_file() and p.name not in IGNORED),
+        "device_files": vocab_files(vocab_dir),
         "functions": [functions[DECODE], functions[PREFILL]], "decode": functions[DECODE],
         "prefill": functions[PREFILL], "prefill_gate": next(iter(gates.values()))["prefill"],
         "targets": targets, "gate_steps": max(g.get("reference_steps", g["steps"]) for g in gates.values()),
@@ -171,9 +171,11 @@ def main(argv=None) -> int:
     ns = stage.parser("card", "model", "source", "vocab", "toolchain", "out", lists=("exports", "gates"),
                       optional_lists=("curated",)).parse_args(argv)
     s, cfg = stage.setup("card", ns)
+    # every input checked against the record of the stage that wrote it (pipeline/records.py)
+    read_vocab(Path(ns.vocab))
     ctx = context(ns.model, s, read_manifest(Path(ns.source)), by_recipe(ns.exports, EXPORT), by_recipe(ns.gates),
-                  Path(ns.source), load_json(Path(ns.toolchain))["versions"], Path(ns.vocab),
+                  Path(ns.source), read_toolchain(Path(ns.toolchain))["versions"], Path(ns.vocab),
                   build_date(origin(cfg)))
     existing = ns.curated[0].read_text(encoding="utf-8") if ns.curated else None
-    write_text_atomic(ns.out, merge(existing, render(ctx)))
+    write_text_atomic(ns.out, seal_card(merge(existing, render(ctx))))  # sealed: its last line, its digest
     stage.log.info("card %s -> %s%s", ns.model, ns.out, f" (merged into {ns.curated[0]})" if existing else "")

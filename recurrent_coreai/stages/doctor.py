@@ -18,9 +18,9 @@ from pathlib import Path
 
 from recurrent_coreai.pipeline import stage
 from recurrent_coreai.util.errors import PipelineError, main_guard
-from recurrent_coreai.util.fsutil import dumps_json, write_text_atomic
+from recurrent_coreai.util.fsutil import write_text_atomic
 from recurrent_coreai.pipeline.paths import Layout
-from recurrent_coreai.pipeline.records import read_export
+from recurrent_coreai.pipeline.records import read_export, read_manifest, sealed_text
 
 PROFILE = "iphone"  # the device class the shipped bundles target (gates coreai doctor's device rules)
 FAIL_STATUS = 2  # coreai doctor: 2 = fatal/silent defect, 1 = runaway/perf, 0 = none
@@ -84,13 +84,15 @@ def first_defect(result: dict) -> tuple[str, dict]:
 
 def doctor_bundle(sources: list[Path], checkpoint: Path | None, export_dir: Path | None, out: Path) -> dict:
     bundle = export_dir / read_export(export_dir)["bundle"] if export_dir else None
+    if checkpoint is not None and (Path(checkpoint) / "manifest.json").exists():
+        read_manifest(Path(checkpoint))  # the source stage's bytes, as it recorded them
     result = lint(sources, checkpoint, bundle)
     for report in result["reports"]:
         for f in report["findings"]:
             stage.log.warning("coreai doctor %s: %s (%s) at %s: %s -- fix: %s", report["kind"], f["id"], f["severity"],
                               f["where"], f["evidence"], f["fix"])
     if result["exit_status"] < FAIL_STATUS:
-        write_text_atomic(out, dumps_json(result))
+        write_text_atomic(out, sealed_text(result, "doctor"))  # sealed: see pipeline/records.py
     return result
 
 

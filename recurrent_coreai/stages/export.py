@@ -29,9 +29,9 @@ from recurrent_coreai.coreai.convert import check_quantized, convert, map_large_
 from recurrent_coreai.coreai.entrypoints import DECODE, by_role
 from recurrent_coreai.pipeline import stage
 from recurrent_coreai.pipeline.paths import bundle_name
-from recurrent_coreai.pipeline.records import EXPORT
+from recurrent_coreai.pipeline.records import EXPORT, read_manifest, write_sealed
 from recurrent_coreai.util.errors import PipelineError, main_guard
-from recurrent_coreai.util.fsutil import atomic_path, dumps_json, tree_manifest
+from recurrent_coreai.util.fsutil import atomic_path, tree_manifest
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 PREFILL_CHUNK = 64  # tokens per prefill call by default (config: prefill.chunk)
@@ -114,7 +114,7 @@ def export_recipe(family, source_dir: Path, recipe_name: str, recipe: dict, bund
             "size_bytes_decode_only": converted["size_bytes_decode_only"], "files": files,
             "toolchain": toolchain.versions(),
         }
-        (tmp / EXPORT).write_text(dumps_json(record))
+        write_sealed(tmp / EXPORT, record, "export")  # sealed: see pipeline/records.py
     record["export_seconds"] = round(time.perf_counter() - t0, 2)
     return record
 
@@ -126,6 +126,7 @@ def main(argv=None) -> int:
     s, _ = stage.setup("export", ns)
     t0 = time.perf_counter()
     family = families.get(s["models"][ns.model]["family"])
+    read_manifest(Path(ns.source))  # the source stage's bytes, as it recorded them
     rec = export_recipe(family, Path(ns.source), ns.recipe, s["recipes"][ns.recipe],
                         bundle_name(s["models"][ns.model], ns.recipe), Path(ns.out), s["prefill"]["chunk"])
     alone = rec["size_bytes_decode_only"]

@@ -29,7 +29,7 @@ from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_function
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import atomic_path, dumps_json, sha256_file, tree_manifest
 from recurrent_coreai.util.progress import progress
-from recurrent_coreai.pipeline.records import read_aot, read_export
+from recurrent_coreai.pipeline.records import read_aot, read_export, read_stream, sealed_text
 
 TSV_COLUMNS = ("step", "prompt", "pos", "token", "ref_top1", "ref_top2", "engine_top1", "ref_margin",
                "near_tie", "agree", "max_abs_dlogits", "kl")
@@ -300,10 +300,15 @@ def tsv_text(rows: list[dict]) -> str:
 
 
 def write_report(result: dict, rows: list[dict], json_path: Path, tsv_path: Path) -> None:
+    """The TSV, then the JSON sealed with the TSV's digest (pipeline/records.py: the integrity chain)."""
+    import hashlib
+
+    text = tsv_text(rows)
     with atomic_path(tsv_path) as tmp:
-        tmp.write_text(tsv_text(rows))
+        tmp.write_text(text, newline="\n")
+    tsv = {"name": tsv_path.name, "sha256": hashlib.sha256(text.encode()).hexdigest()}
     with atomic_path(json_path) as tmp:
-        tmp.write_text(dumps_json(result))
+        tmp.write_text(sealed_text({**result, "tsv": tsv}, "gate"), encoding="utf-8", newline="\n")
 
 
 def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream_path: Path, settings: dict,
@@ -318,8 +323,7 @@ def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
         raise PipelineError(aot_dir, f"was lowered from other bytes than {aimodel}",
                             "rerun the aot stage for the universal target (snakemake --forcerun aot)")
     aimodelx = aot_dir / lowering["product"]
-    with np.load(stream_path) as npz:
-        stream = {k: npz[k] for k in npz.files}
+    stream = read_stream(stream_path)  # checked against the digest the reference stage recorded
     check_stream(stream, stream_path, record)
     reference_steps = len(stream["tokens"])
     stream = gate_steps(stream, len(settings["prompts"]), settings["steps"], stream_path)

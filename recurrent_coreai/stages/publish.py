@@ -15,7 +15,7 @@ in the environment (``HF_TOKEN``); otherwise the output says plainly that it onl
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -23,11 +23,11 @@ from pathlib import Path
 from recurrent_coreai.hub import catalog
 from recurrent_coreai.pipeline import stage
 from recurrent_coreai.util.errors import PipelineError, main_guard
-from recurrent_coreai.util.fsutil import IGNORED, atomic_path, dumps_json, first_difference, sha256_file, tree_manifest
+from recurrent_coreai.util.fsutil import IGNORED, atomic_path, first_difference, sha256_file, tree_manifest
 from recurrent_coreai.pipeline.paths import published_folders
-from recurrent_coreai.pipeline.records import AOT, load_json, read_aot, read_export, read_manifest
-
-RECEIPT = "publish.json"
+from recurrent_coreai.pipeline.records import (AOT, RECEIPT, read_aot, read_card, read_doctor, read_export, read_gate,
+                                              read_manifest, read_stream, read_toolchain, read_vocab, seal_card,
+                                              sealed_text, unseal_card)
 
 
 def _link_tree(src: Path, dst: Path) -> None:
@@ -46,15 +46,15 @@ def _link_file(src, dst) -> None:
         shutil.copy2(src, dst)
 
 
-def check_gates(gates: list[Path]) -> dict[str, dict]:
-    """The passing gate result of every recipe, keyed by recipe; anything else refuses."""
+def check_gates(gates: list[Path], tsvs: bool = False) -> dict[str, dict]:
+    """The passing gate result of every recipe, keyed by recipe; anything else refuses. Each is
+    checked against the gate stage's record (``tsvs``: and the TSV it wrote beside it)."""
     results = {}
     for path in gates:
-        try:
-            data = json.loads(Path(path).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+        if not Path(path).is_file():
             raise PipelineError(path, "no readable gate result",
-                                "run the gate; a bundle without a passing gate is never published") from None
+                                "run the gate; a bundle without a passing gate is never published")
+        data = read_gate(Path(path), tsv=tsvs)
         recipe = data.get("recipe", Path(path).stem)
         if data.get("pass") is not True:
             raise PipelineError(path, f"recipe {recipe} did not pass its gate", "fix the export; failing bundles are not published")
@@ -100,7 +100,7 @@ def _stage_exports(tmp: Path, exports: list[Path], results: dict[str, dict], gat
 def _stage_aots(tmp: Path, aots: list[Path], vocab: Path, results: dict[str, dict], records: dict[str, dict]):
     """Stage ``<target>/<bundle>/`` per AOT output; returns ({folder: recipe}, checks)."""
     folders, checks = {}, []
-    tokenizer_files = tree_manifest(vocab)  # every file of the vocab stage's output: what an app needs
+    tokenizer_files = read_vocab(vocab)  # every file of the vocab stage's output (checked): what an app needs
     for aot_dir in aots:
         rec = read_aot(aot_dir)  # checks the files against aot.json
         recipe, target = rec["recipe"], rec["target"]
@@ -129,8 +129,27 @@ def bundle_of(export_record: dict) -> str:
     return export_record["bundle"].removesuffix(".aimodel")
 
 
+def _sha(text: str) -> dict:
+    data = text.encode()
+    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+def _recorded(records: dict[str, dict], results: dict[str, dict], card_text: str, checks: list) -> dict[str, dict]:
+    """What every staged file must be, from the records of the stages that wrote it (each record
+    checked when read): the bundle and AOT files, the tokenizer files, ``export.json`` and
+    ``gate.json`` (a sealed record's bytes are its canonical text) and the card."""
+    expected = {"README.md": _sha(card_text)}
+    for prefix, files, *_ in checks:
+        expected |= {f"{prefix}{rel}": v for rel, v in files.items()}
+    for recipe, rec in records.items():
+        folder = f"aimodel/{bundle_of(rec)}"
+        expected[f"{folder}/export.json"] = _sha(sealed_text(rec, "export"))
+        expected[f"{folder}/gate.json"] = _sha(sealed_text(results[recipe], "gate"))
+    return expected
+
+
 def stage_tree(out: Path, card: Path, vocab: Path, exports: list[Path], aots: list[Path], gates: list[Path],
-               meta: dict, source_manifest: dict, folders_expected: list[str]) -> dict:
+               meta: dict, source_manifest: dict, folders_expected: list[str], tsvs: bool = False) -> dict:
     """Build the staging tree atomically; returns the receipt (without push results).
 
     Every staged bundle file must be a byte the gate tested (or, for a device target, built from
@@ -139,7 +158,8 @@ def stage_tree(out: Path, card: Path, vocab: Path, exports: list[Path], aots: li
     from recurrent_coreai.hub import provenance
     from recurrent_coreai.hub import signing
 
-    results = check_gates(gates)
+    results = check_gates(gates, tsvs)
+    card_text = seal_card(read_card(card))  # the card stage's bytes, as it recorded them
     with atomic_path(out, directory=True) as tmp:
         _link_tree(card, tmp / "README.md")
         records, checks = _stage_exports(tmp, exports, results, dict(zip(results, gates)))
@@ -147,6 +167,12 @@ def stage_tree(out: Path, card: Path, vocab: Path, exports: list[Path], aots: li
         staged = tree_manifest(tmp)
         for check in checks + aot_checks:
             _verify(staged, *check)
+        # every staged file, the bundles' and the records', is the bytes its stage recorded
+        recorded = _recorded(records, results, card_text, checks + aot_checks)
+        bad = first_difference(staged, recorded)
+        if bad:
+            raise PipelineError(out / bad, "changed while it was staged (it differs from what its stage recorded)",
+                                "stage again: snakemake --cores 1 publish --forcerun stage_and_push")
         folders |= {f"aimodel/{bundle_of(rec)}": r for r, rec in records.items()}
         if sorted(folders) != folders_expected:
             raise PipelineError(out, f"would stage the bundle folders {sorted(folders)}, but the config names "
@@ -155,7 +181,9 @@ def stage_tree(out: Path, card: Path, vocab: Path, exports: list[Path], aots: li
         targets = sorted({rel.split("/")[0] for rel in folders} - {"aimodel"})
         attested = {rel: provenance.attest(tmp, rel, export_record=records[r], gate=results[r],
                                            source_manifest=source_manifest,
-                                           targets=targets if rel.startswith("aimodel/") else [rel.split("/")[0]])
+                                           targets=targets if rel.startswith("aimodel/") else [rel.split("/")[0]],
+                                           verified={k[len(rel) + 1:]: v["sha256"] for k, v in recorded.items()
+                                                     if k.startswith(f"{rel}/")})
                     for rel, r in sorted(folders.items())}
         signed = signing.sign_staged(tmp, sorted(folders))
         files = tree_manifest(tmp)
@@ -163,7 +191,7 @@ def stage_tree(out: Path, card: Path, vocab: Path, exports: list[Path], aots: li
                    "provenance": attested, "signing": signed, "files": files}
         if not meta["push"]["pushed"]:  # without a push there is no remote to compare against
             receipt["push"] = {**meta["push"], "would_commit": sorted(files)}
-        (tmp / RECEIPT).write_text(dumps_json(receipt))
+        (tmp / RECEIPT).write_text(sealed_text(receipt, "publish"))  # sealed: pipeline/records.py
     return receipt
 
 
@@ -176,7 +204,8 @@ def remote_head(repo: str, token: str) -> str | None:
     from huggingface_hub import HfApi
     from huggingface_hub import errors as hf_errors
 
-    from recurrent_coreai.hub import upload as hub_upload
+    from recurrent_coreai.hub.errors import hub_error
+    from recurrent_coreai.hub.upload import describe_failure
 
     failure = None
     try:
@@ -184,8 +213,8 @@ def remote_head(repo: str, token: str) -> str | None:
     except (hf_errors.RepositoryNotFoundError, hf_errors.RevisionNotFoundError):
         return None
     except Exception as exc:  # noqa: BLE001
-        failure = hub_upload._describe(exc, "main")  # noqa: SLF001
-    raise hub_upload._error(f"hf://{repo}", f"cannot read the repo's head: {failure[0]}", failure[1], token)  # noqa: SLF001
+        failure = describe_failure(exc, "main")
+    raise hub_error(f"hf://{repo}", f"cannot read the repo's head: {failure[0]}", failure[1], token)
 
 
 def remote_card(repo: str, token: str, revision: str | None = None) -> str | None:
@@ -193,7 +222,8 @@ def remote_card(repo: str, token: str, revision: str | None = None) -> str | Non
     from huggingface_hub import hf_hub_download
     from huggingface_hub import errors as hf_errors
 
-    from recurrent_coreai.hub import upload as hub_upload
+    from recurrent_coreai.hub.errors import hub_error
+    from recurrent_coreai.hub.upload import describe_failure
 
     failure = None
     try:
@@ -201,9 +231,9 @@ def remote_card(repo: str, token: str, revision: str | None = None) -> str | Non
     except (hf_errors.RemoteEntryNotFoundError, hf_errors.RepositoryNotFoundError, hf_errors.RevisionNotFoundError):
         return None  # nothing published yet
     except Exception as exc:  # noqa: BLE001 - never overwrite maintainer edits blindly
-        failure = hub_upload._describe(exc, "main")  # noqa: SLF001
-    raise hub_upload._error(f"hf://{repo}", f"cannot read the published README.md to merge into: {failure[0]}",  # noqa: SLF001
-                            failure[1], token)
+        failure = describe_failure(exc, "main")
+    raise hub_error(f"hf://{repo}", f"cannot read the published README.md to merge into: {failure[0]}",
+                    failure[1], token)
 
 
 def push(out: Path, receipt: dict, repo: str, message: str, token: str) -> dict:
@@ -220,7 +250,7 @@ def push(out: Path, receipt: dict, repo: str, message: str, token: str) -> dict:
         for rel in receipt["files"]:
             if rel != "README.md":
                 _link_tree(out / rel, view / rel)
-        card = (out / "README.md").read_text(encoding="utf-8")
+        card = unseal_card((out / "README.md").read_text(encoding="utf-8"))  # the seal is the card stage's, local
         head = remote_head(repo, token)  # merge into the card at this commit, and commit on top of it
         existing = remote_card(repo, token, head) if head else None
         (view / "README.md").write_text(merge(existing, card), encoding="utf-8")
@@ -230,10 +260,12 @@ def push(out: Path, receipt: dict, repo: str, message: str, token: str) -> dict:
             raise PipelineError(out / bad, "changed after it was staged and checked against its gate",
                                 "stage again (snakemake --forcerun stage_and_push); nothing was uploaded")
         signing.verify_before_upload(view, receipt.get("signing", {}))
-        result = upload_tree(repo, view, message=message, token=token, parent=head)
+        expected = {rel: v["sha256"] for rel, v in receipt["files"].items() if rel != "README.md"}
+        expected["README.md"] = sha256_file(view / "README.md")  # the card merged just now, from the checked one
+        result = upload_tree(repo, view, message=message, token=token, parent=head, expected=expected)
     receipt = {**receipt, "push": {"pushed": True, **result}}
     with atomic_path(out / RECEIPT) as tmp_receipt:
-        tmp_receipt.write_text(dumps_json(receipt))
+        tmp_receipt.write_text(sealed_text(receipt, "publish"))
     return receipt
 
 
@@ -252,20 +284,26 @@ def main(argv=None) -> int:
     """The publish stage (rule ``stage_and_push``): stage the Hub tree, check it, push when enabled."""
     os.environ.setdefault("HF_HUB_DISABLE_XET", "1")  # read by huggingface_hub at import time
     ns = stage.parser("publish", "model", "source", "card", "vocab", "toolchain", "out",
-                      lists=("exports", "gates", "aots")).parse_args(argv)
+                      lists=("exports", "gates", "aots"), optional_lists=("tsvs", "reference", "doctors")).parse_args(argv)
     s, _ = stage.setup("stage_and_push", ns)
     m = s["models"][ns.model]
+    # every input checked against the record of the stage that wrote it (pipeline/records.py); the
+    # gate TSVs, the reference and the doctor results when the rule passes them
     manifest = read_manifest(Path(ns.source))
-    versions = load_json(Path(ns.toolchain))["versions"]
+    versions = read_toolchain(Path(ns.toolchain))["versions"]
+    for path in ns.reference:
+        read_stream(path)
+    for path in ns.doctors:
+        read_doctor(path)
     do_push, why = decide(m["publish"])
     message = (f"{m['dir']}: Core AI bundles ({', '.join(m['recipes'])}) from {manifest['source']['uri']}"
                f"@{manifest['source']['revision'] or 'local'}; coreai-core {versions['coreai-core']}, "
                f"coreai-torch {versions['coreai-torch']}, torch {versions['torch']}")
     meta = {"model": ns.model, "family": m["family"], "repo": m["publish"]["repo"], "source": manifest["source"],
-            "tokenizer_files": sorted(tree_manifest(Path(ns.vocab))),
+            "tokenizer_files": sorted(read_vocab(Path(ns.vocab))),
             "toolchain": versions, "commit_message": message, "push": {"pushed": False, "reason": why}}
     receipt = stage_tree(Path(ns.out), Path(ns.card), Path(ns.vocab), ns.exports, ns.aots, ns.gates, meta, manifest,
-                         published_folders(m, m["targets"]))
+                         published_folders(m, m["targets"]), tsvs=bool(ns.tsvs))
     stage.log.info("%s: %s", ns.model, receipt["signing"]["reason"])
     if do_push:
         receipt = push(Path(ns.out), receipt, m["publish"]["repo"], message, token_from_env())

@@ -27,6 +27,7 @@ from recurrent_coreai.checkpoints.reader import load_checkpoint
 from recurrent_coreai.coreai.entrypoints import split_prompt
 from recurrent_coreai.pipeline import stage
 from recurrent_coreai.pipeline.config import origin, prompt_budgets
+from recurrent_coreai.pipeline.records import STREAM_SEAL, read_manifest, read_vocab, stream_digest
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import atomic_path
 
@@ -101,12 +102,14 @@ def main(argv=None) -> int:
     s, cfg = stage.setup("reference", ns)
     t0 = time.perf_counter()
     family = families.get(s["models"][ns.model]["family"])
+    read_manifest(Path(ns.source))  # the bytes the source and vocab stages recorded
+    read_vocab(Path(ns.vocab))
     tok = tokenizers.kind(family.tokenizer).load(Path(ns.vocab))
     stream = reference_stream(family, Path(ns.source), tok, s["gate"]["prompts"], s["gate"]["steps"],
                               origin(cfg), s["prefill"])
     with atomic_path(ns.out) as tmp:
         with open(tmp, "wb") as fh:
-            np.savez(fh, **stream)
+            np.savez(fh, **stream, **{STREAM_SEAL: np.array(stream_digest(stream))})  # sealed: pipeline/records.py
     top2 = np.sort(stream["logits"], axis=1)[:, -2:]
     margins = top2[:, 1] - top2[:, 0]
     stage.log.info("reference %s: %d steps + a %d-token prefill stream (chunk %d) in %.1f s; logit max %.2f; "

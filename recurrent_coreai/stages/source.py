@@ -17,7 +17,7 @@ from recurrent_coreai import families, tokenizers
 from recurrent_coreai.checkpoints import reader
 from recurrent_coreai.hub.download import fetch_hf
 from recurrent_coreai.pipeline import stage
-from recurrent_coreai.pipeline.records import MANIFEST
+from recurrent_coreai.pipeline.records import MANIFEST, write_sealed
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.frontmatter import front_matter
 from recurrent_coreai.util.fsutil import atomic_path, dumps_json, sha256_file, tree_manifest
@@ -110,7 +110,7 @@ def build_source(model_name: str, model_cfg: dict, vocab_cfg: dict, out: Path) -
             "upstream": parts["upstream"],
             "files": tree_manifest(tmp),
         }
-        (tmp / MANIFEST).write_text(dumps_json(manifest))
+        write_sealed(tmp / MANIFEST, manifest, "source")  # sealed: see pipeline/records.py
     return manifest
 
 

@@ -12,10 +12,11 @@ def main(argv=None) -> int:
     import json
 
     from recurrent_coreai.pipeline import stage
-    from recurrent_coreai.util.fsutil import write_json_atomic
+    from recurrent_coreai.pipeline.records import sealed_text
+    from recurrent_coreai.util.fsutil import write_text_atomic
 
     ns = stage.parser("toolchain", "out").parse_args(argv)
     stage.setup("toolchain", ns)
     rec = record()
-    write_json_atomic(ns.out, rec)
+    write_text_atomic(ns.out, sealed_text(rec, "toolchain"))  # sealed: see pipeline/records.py
     stage.log.info("toolchain: %s", json.dumps(rec, sort_keys=True))

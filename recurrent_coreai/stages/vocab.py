@@ -7,6 +7,7 @@ from pathlib import Path
 
 from recurrent_coreai import families, tokenizers
 from recurrent_coreai.pipeline import stage
+from recurrent_coreai.pipeline.records import read_manifest, write_vocab_record
 from recurrent_coreai.util.errors import main_guard
 
 
@@ -16,5 +17,7 @@ def main(argv=None) -> int:
     ns = stage.parser("vocab", "model", "source", "out").parse_args(argv)
     s, _ = stage.setup("vocab", ns)
     family = families.get(s["models"][ns.model]["family"])
+    read_manifest(Path(ns.source))  # the source stage's bytes, as it recorded them
     report = tokenizers.kind(family.tokenizer).bake_stage(Path(ns.source), Path(ns.out), s["vocab"])
+    write_vocab_record(Path(ns.out))  # the digest of every file it wrote (pipeline/records.py)
     stage.log.info("vocab %s (%s): %s -> %s", ns.model, family.tokenizer, report["summary"], ns.out)

@@ -31,7 +31,7 @@ from recurrent_coreai.coreai.runtime import DecodeSession, PromptSession, state_
 from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_functions
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.pipeline.paths import Layout
-from recurrent_coreai.pipeline.records import AOT, load_json, read_export
+from recurrent_coreai.pipeline.records import AOT, read_aot, read_export, read_vocab
 from recurrent_coreai.tools.sampling import Sampler, Sampling
 from recurrent_coreai import families, tokenizers
 
@@ -173,8 +173,16 @@ def open_bundle(results: Path, model: str, recipe: str, use_prefill: bool = True
                             f"build it first: snakemake --cores 1 {aot_dir}")
     if not vocab.is_dir():
         raise PipelineError(vocab, "missing", f"build it first: snakemake --cores 1 {vocab}")
+    # the bytes the export, aot and vocab stages recorded, before the runtime sees them
     record = read_export(lay.export(recipe))
-    aimodelx = aot_dir / load_json(aot_dir / AOT)["product"]
+    lowering = read_aot(aot_dir)
+    read_vocab(vocab)
+    if record["recipe"] != recipe or lowering["recipe"] != recipe or lowering["from"] != record["files"]:
+        raise PipelineError(aot_dir, f"is not the lowering of {model}/{recipe}'s exported bundle (its aot.json names "
+                            f"recipe {lowering['recipe']}, built from other bytes)" if lowering["from"] != record["files"]
+                            else f"names recipe {lowering['recipe']}, the export {record['recipe']}, not {recipe}",
+                            "rerun it: snakemake --cores 1 publish --forcerun aot")
+    aimodelx = aot_dir / lowering["product"]
     functions = bundle_functions(record)
     tokenizer = tokenizers.kind(tokenizer_kind).load(vocab)
     if use_prefill and PREFILL in functions:

@@ -38,6 +38,7 @@ from pathlib import Path
 import yaml
 
 from recurrent_coreai.pipeline import config as cfgmod
+from recurrent_coreai.pipeline import records
 from recurrent_coreai.coreai import toolchain
 from recurrent_coreai.pipeline.dag import stage_name
 from recurrent_coreai.util.errors import PipelineError, main_guard
@@ -89,6 +90,11 @@ def read_record(path: Path, keys: dict, rerun: Rerun) -> dict | None:
         raise PipelineError(path, what, rerun.fix()) from None
     if not isinstance(record, dict):
         raise PipelineError(path, f"is {_kind(record)}, not a JSON object", rerun.fix())
+    if isinstance(record.get(records.SEAL), dict):  # the integrity chain: the bytes its stage wrote
+        problem = records.seal_problem(data, record)
+        if problem is not None:
+            stage = record[records.SEAL].get("stage", "its")
+            raise PipelineError(path, f"differs from what the {stage} stage recorded{problem}", rerun.fix())
     for key, kind in keys.items():
         if key not in record:
             raise PipelineError(path, f"has no {key!r}", rerun.fix())
