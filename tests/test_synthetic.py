@@ -77,7 +77,7 @@ def test_logits_are_peaked_not_degenerate(tiny_source):
 
 
 def test_chunked_normal_draws_what_one_call_draws(monkeypatch):
-    """synthetic._normal draws RANDN_CHUNK values per call; values and the generator state after
+    """synthetic.chunked_normal draws RANDN_CHUNK values per call; values and the generator state after
     must be those of the one-call form it replaced, for every size around the chunk boundaries."""
     from recurrent_coreai.families.rwkv7 import synthetic
 
@@ -86,5 +86,5 @@ def test_chunked_normal_draws_what_one_call_draws(monkeypatch):
         shape = (n,) if n % 3 else (1, n)
         one, chunked = torch.Generator().manual_seed(n), torch.Generator().manual_seed(n)
         want = torch.randn(shape, generator=one, dtype=torch.float64).mul(0.7).float()
-        assert torch.equal(synthetic._normal(shape, 0.7, chunked), want), n
+        assert torch.equal(synthetic.chunked_normal(shape, 0.7, chunked), want), n
         assert torch.equal(torch.rand(4, generator=one), torch.rand(4, generator=chunked)), n

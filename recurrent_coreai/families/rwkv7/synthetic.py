@@ -26,11 +26,11 @@ from recurrent_coreai.util.safetensors_stream import NORMAL_METADATA, WEIGHT_FIL
 LM_HEAD_GAIN = 3.0      # base logit std
 LM_HEAD_ROW_SPREAD = 0.4  # log-normal spread of lm_head row norms: a few tokens stand out,
                           # so top-2 margins are mostly far above fp16 noise (peaked logits)
-RANDN_CHUNK = 1 << 20  # float64 normals drawn per call (8 MB; a multiple of 16: see _normal)
+RANDN_CHUNK = 1 << 20  # float64 normals drawn per call (8 MB; a multiple of 16: see chunked_normal)
 ROW_CHUNK = 512        # lm_head rows rescaled at a time (float64 temporaries of 512 x hidden)
 
 
-def _normal(shape: tuple[int, ...], std: float, gen: torch.Generator) -> torch.Tensor:
+def chunked_normal(shape: tuple[int, ...], std: float, gen: torch.Generator) -> torch.Tensor:
     """``torch.randn(shape, dtype=float64, generator=gen).mul(std).float()``, the same values and
     the same generator state after, but drawn RANDN_CHUNK values at a time: no float64 copy of a
     whole 65536 x 2048 weight (1 GB). Torch's CPU sampler turns uniforms into normals in blocks of
@@ -48,7 +48,7 @@ def _normal(shape: tuple[int, ...], std: float, gen: torch.Generator) -> torch.T
 
 def _init(name: str, shape: tuple[int, ...], g: Geometry, gen: torch.Generator) -> torch.Tensor:
     def normal(std: float) -> torch.Tensor:
-        return _normal(shape, std, gen)
+        return chunked_normal(shape, std, gen)
 
     def uniform(lo: float, hi: float) -> torch.Tensor:
         return (torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo).float()
