@@ -19,6 +19,7 @@ import torch
 
 from recurrent_coreai.coreai.entrypoints import DECODE, ENTRY_POINTS, EntryPoint
 from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.util.fsutil import require_space
 
 # fixed creation date in metadata.json: a rebuild with identical inputs should not differ by "now"
 REPRODUCIBLE_EPOCH = 0.0
@@ -149,6 +150,21 @@ def save_functions(traced: list[Traced], out: Path, release: bool = False) -> No
     AIModelAsset.load(out).update_metadata(lambda m: setattr(m, "creation_date", REPRODUCIBLE_EPOCH))
 
 
+# what the converter writes beyond the weights (graph, metadata), as a share of them and a constant
+SAVE_OVERHEAD, SAVE_SLACK = 1.05, 8 << 20
+
+
+def weight_bytes(traced: list[Traced]) -> int:
+    """The bytes of the distinct tensors (weights, quantisation scales, constants) the programs hold."""
+    seen: dict[tuple, int] = {}
+    for t in traced:
+        for tensor in [*t.program.state_dict.values(), *getattr(t.program, "constants", {}).values()]:
+            if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
+                seen[(tensor.untyped_storage().data_ptr(), tensor.dtype, tuple(tensor.shape))] = \
+                    tensor.numel() * tensor.element_size()
+    return sum(seen.values())
+
+
 def bundle_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
@@ -168,6 +184,9 @@ def convert(family, module: torch.nn.Module, out: Path, chunk: int, states: tupl
 
     traced = [trace(e, family, module, chunk, states) for e in ENTRY_POINTS]
     trim_heap()
+    # LLVM's output stream meets a full disk with "LLVM ERROR: IO failure" and exits the process:
+    # no exception to catch, so the space is checked before the converter writes
+    require_space(out.parent, int(weight_bytes(traced) * SAVE_OVERHEAD) + SAVE_SLACK, f"the bundle {out.name}")
     size_decode_only = None
     if decode_only:
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=".decode-only-") as tmp:

@@ -9,18 +9,31 @@
 * :class:`PromptSession` also runs the chunked prefill function on the same states: a prompt's
   full chunks through prefill, its tail through decode. Function names, roles, chunk length,
   state shapes and dtype come from the bundle's ``export.json`` (:func:`.entrypoints.bundle_functions`).
+
+Before a function runs, its inputs, outputs and states as the loaded bundle declares them are
+compared with export.json's (:func:`check_function`): a lowered bundle of another model or recipe
+is one line, never a call the runtime aborts on. A Ctrl-C during a runtime call is held until the
+call returns (:func:`interrupt_after`), so the interrupt reaches Python between calls and the
+session closes cleanly (an interrupted call leaves the runtime's task behind: SIGABRT/SIGILL at exit).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import signal
+import threading
 from pathlib import Path
 
 import numpy as np
 
 from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, by_role, bundle_functions, split_prompt
 from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.util.fsutil import require_space
+
+
+LOWERED_RATIO, LOWERED_SLACK = 1.15, 8 << 20  # room a lowering needs: its .aimodel's bytes times this, plus this
 
 
 def lower_universal(aimodel: Path, out_dir: Path) -> None:
@@ -29,6 +42,10 @@ def lower_universal(aimodel: Path, out_dir: Path) -> None:
 
     if not AIModelAsset.is_valid(aimodel):
         raise PipelineError(aimodel, "is not a valid .aimodel asset", "re-run the export stage")
+    # the lowering writes through a memory map: a full disk is SIGBUS, not an error, so the space
+    # is checked first (the lowered form measured 1.02-1.10x its .aimodel)
+    bundle = sum(f.stat().st_size for f in Path(aimodel).rglob("*") if f.is_file())
+    require_space(out_dir, int(bundle * LOWERED_RATIO) + LOWERED_SLACK, f"the lowering of {Path(aimodel).name}")
     from recurrent_coreai.coreai import reproducible
 
     with reproducible.lowering_scope():  # canonical register order: byte-identical .odix
@@ -68,12 +85,65 @@ def state_spec(export_record: dict) -> tuple[dict[str, tuple[int, ...]], np.dtyp
     return {t["name"]: tuple(t["shape"]) for t in states}, np.dtype(dtypes.pop())
 
 
+@contextlib.contextmanager
+def interrupt_after():
+    """SIGINT during the block is held and raised as KeyboardInterrupt when the block ends (main
+    thread only; elsewhere, and when SIGINT is not Python's default handler, nothing changes)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    held: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if held:
+        raise KeyboardInterrupt
+
+
+def _declared(fn) -> dict[str, list[dict]]:
+    """A loaded function's inputs, outputs and states as the runtime describes them."""
+    desc = fn.desc
+    out = {}
+    for kind in ("inputs", "outputs", "states"):
+        names = getattr(desc, f"{kind[:-1]}_names")
+        describe = getattr(desc, f"{kind[:-1]}_descriptor")
+        out[kind] = [{"name": n, "shape": [int(d) for d in describe(n).shape], "dtype": str(describe(n).dtype).lower()}
+                     for n in names]
+    return out
+
+
+def _tensors(items: list[dict]) -> str:
+    return ", ".join(f"{t['name']} {list(t['shape'])} {t['dtype']}" for t in items) or "none"
+
+
+def check_function(aimodelx: Path, fn, name: str, expected: dict) -> None:
+    """The loaded function ``name`` declares the inputs, outputs and states ``expected`` (its
+    export.json record, or just ``{"states": [...]}``) records, in name, shape and dtype."""
+    try:
+        got = _declared(fn)
+    except Exception:  # noqa: BLE001 - a runtime without descriptors: the call itself is the check
+        return
+    for kind in ("states", "inputs", "outputs"):
+        if kind not in expected:
+            continue
+        want = sorted((t["name"], list(t["shape"]), str(t["dtype"]).lower()) for t in expected[kind])
+        have = sorted((t["name"], t["shape"], t["dtype"]) for t in got[kind])
+        if want != have:
+            raise PipelineError(aimodelx, f"function {name!r} has {kind} {_tensors(got[kind])}, but export.json "
+                                f"records {_tensors(expected[kind])}: this lowered bundle was not built from this "
+                                "export (another model's or recipe's bundle?)",
+                                "rebuild it from this export: snakemake --cores 1 --forcerun aot")
+
+
 class DecodeSession:
     """Synchronous wrapper around an async Core AI model with persistent states; ``function``
     is the decode function's name (by default the one of the entry-point table)."""
 
     def __init__(self, aimodelx: Path, state_shapes: dict[str, tuple[int, ...]], state_dtype: np.dtype,
-                 function: str | None = None):
+                 function: str | None = None, expected: dict | None = None):
         import coreai.runtime as rt
 
         self._rt = rt
@@ -89,6 +159,12 @@ class DecodeSession:
                                 f"({type(exc).__name__}: {exc})",
                                 "re-run the aot stage; check the toolchain versions") from None
         self.state_shapes, self.state_dtype = state_shapes, np.dtype(state_dtype)
+        states = [{"name": n, "shape": list(shape), "dtype": self.state_dtype.name} for n, shape in state_shapes.items()]
+        try:
+            check_function(aimodelx, self._fn, self.function, {"states": states, **(expected or {})})
+        except PipelineError:
+            self.close()
+            raise
         self.reset()
 
     def reset(self) -> None:
@@ -97,7 +173,8 @@ class DecodeSession:
     def _call(self, fn, tokens) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int32).reshape(1, -1)
         inputs = {"input_ids": self._rt.NDArray(ids), "position_ids": self._rt.NDArray(np.zeros_like(ids))}
-        res = self._loop.run_until_complete(fn(inputs=inputs, state=self.states))
+        with interrupt_after():  # an interrupted call would leave the runtime's task running
+            res = self._loop.run_until_complete(fn(inputs=inputs, state=self.states))
         return np.asarray(res["logits"].numpy()).reshape(-1).astype(np.float64)
 
     def step(self, token: int) -> np.ndarray:
@@ -107,7 +184,7 @@ class DecodeSession:
         return {n: np.asarray(a.numpy()).copy() for n, a in self.states.items()}
 
     def close(self) -> None:
-        self._fn = self._model = None
+        self._fn = self._model = self._prefill = None
         self._loop.close()
 
     def __enter__(self) -> "DecodeSession":
@@ -127,7 +204,8 @@ class PromptSession(DecodeSession):
         if PREFILL not in functions:
             raise PipelineError(f"export.json of {export_record.get('bundle', aimodelx)}", "has no prefill function",
                                 "rerun the export stage (snakemake --forcerun export)")
-        super().__init__(aimodelx, *state_spec(export_record), function=functions[DECODE]["name"])
+        super().__init__(aimodelx, *state_spec(export_record), function=functions[DECODE]["name"],
+                         expected=functions[DECODE])
         self.prefill_function = functions[PREFILL]["name"]
         self.chunk = int(functions[PREFILL]["tokens_per_call"])
         try:
@@ -136,6 +214,11 @@ class PromptSession(DecodeSession):
             self.close()
             raise PipelineError(aimodelx, f"has no loadable function {self.prefill_function!r} ({type(exc).__name__}: "
                                 f"{exc})", "rerun the export and aot stages (snakemake --forcerun export)") from None
+        try:
+            check_function(aimodelx, self._prefill, self.prefill_function, functions[PREFILL])
+        except PipelineError:
+            self.close()
+            raise
 
     def prefill_chunk(self, tokens) -> np.ndarray:
         """Exactly ``chunk`` tokens through prefill; logits of the last one [V]."""

@@ -115,6 +115,17 @@ class Result:
                 f"({rate(d, self.decode_seconds)}); stopped: {self.stop_reason}")
 
 
+def finite(session, logits: np.ndarray) -> np.ndarray:
+    """``logits`` when every value is a number: NaN or infinite logits (a damaged lowered bundle)
+    would be sampled as token 0 and end the text silently as if at end of text."""
+    if not np.isfinite(logits).all():
+        bad = int(np.count_nonzero(~np.isfinite(logits)))
+        raise PipelineError(getattr(session, "aimodelx", "the bundle"), f"the Core AI runtime returned {bad} "
+                            f"non-finite logits (NaN or infinite) of {logits.size}: the lowered bundle is damaged",
+                            "rebuild it: snakemake --cores 1 --forcerun aot (and check the disk it is on)")
+    return logits
+
+
 def generate(session, tokenizer, prompt_tokens: Sequence[int], sampler: Sampler, max_new_tokens: int,
              stop: Sequence[str] = (), on_text: Callable[[str], None] = lambda _text: None,
              clock: Callable[[], float] = time.perf_counter) -> Result:
@@ -131,7 +142,11 @@ def generate(session, tokenizer, prompt_tokens: Sequence[int], sampler: Sampler,
             on_text(text)
 
     t0 = clock()
-    logits = feed(session, prompt_tokens)
+    try:
+        logits = finite(session, feed(session, prompt_tokens))
+    except KeyboardInterrupt:  # during the prompt: nothing to show
+        res.stop_reason, res.prompt_seconds = "interrupted", clock() - t0
+        return res
     t1 = clock()
     res.prompt_seconds = t1 - t0
     try:
@@ -147,7 +162,7 @@ def generate(session, tokenizer, prompt_tokens: Sequence[int], sampler: Sampler,
                 res.stop_reason = "stop"
                 break
             if len(res.tokens) < max_new_tokens:
-                logits = session.step(tok)
+                logits = finite(session, session.step(tok))
     except KeyboardInterrupt:
         res.stop_reason = "interrupted"
     res.decode_seconds = clock() - t1
@@ -187,7 +202,8 @@ def open_bundle(results: Path, model: str, recipe: str, use_prefill: bool = True
     tokenizer = tokenizers.kind(tokenizer_kind).load(vocab)
     if use_prefill and PREFILL in functions:
         return PromptSession(aimodelx, record), tokenizer
-    return DecodeSession(aimodelx, *state_spec(record), function=functions[DECODE]["name"]), tokenizer
+    return DecodeSession(aimodelx, *state_spec(record), function=functions[DECODE]["name"],
+                         expected=functions[DECODE]), tokenizer
 
 
 def parser() -> argparse.ArgumentParser:
@@ -217,6 +233,9 @@ def main(argv=None) -> int:
     cfgmod.recipe(cfg, ns.recipe)
     if ns.max_new_tokens < 1:
         raise PipelineError("--max-new-tokens", f"{ns.max_new_tokens} is out of range", "use a positive count")
+    if ns.seed is not None and not 0 <= ns.seed < 2**64:
+        raise PipelineError("--seed", f"{ns.seed} is out of range", "use an integer from 0 to 2**64-1 "
+                            "(or leave --seed out for a fresh one)")
     sampler = Sampler(Sampling(ns.temperature, ns.top_k, ns.top_p, ns.repetition_penalty, ns.seed))
     stop = ns.stop if ns.stop is not None else ([] if ns.no_chat else list(DEFAULT_STOP))
     family = families.get(cfgmod.model(cfg, ns.model)["family"], cfgmod.origin(cfg))

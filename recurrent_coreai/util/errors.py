@@ -48,6 +48,9 @@ def as_pipeline_error(exc: BaseException) -> PipelineError | None:
         where = exc.filename or "a temporary file"
         return PipelineError(where, f"no space left on device ({_free(where)})",
                              "free disk space (or point TMPDIR / results: at a larger disk) and run again")
+    if isinstance(exc, OSError) and exc.errno == errno.EROFS:
+        return PipelineError(exc.filename or "the output directory", "is on a read-only file system",
+                             "remount it read-write or point results: at a writable directory, and run again")
     if isinstance(exc, (PermissionError, IsADirectoryError, NotADirectoryError)) and exc.filename:
         return PipelineError(exc.filename, f"{exc.strerror.lower()}", "check the path and its permissions")
     return None
@@ -71,7 +74,9 @@ def main_guard(fn: Callable[..., int | None]) -> Callable[..., int]:
         try:
             rc = fn(*args, **kwargs)
         except KeyboardInterrupt:
-            print("error: interrupted -- fix: run the stage again (its output was not written)", file=sys.stderr)
+            line = "error: interrupted -- fix: run it again (its output was not written)"
+            _to_logs(line)  # the job's log says why it ended, as for any other error
+            print(line, file=sys.stderr)
             return 130
         except Exception as exc:  # noqa: BLE001 - the point: never a traceback on the terminal
             err = as_pipeline_error(exc)

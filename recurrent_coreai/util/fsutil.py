@@ -12,6 +12,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -86,6 +87,49 @@ class DiskFullError(PipelineError):
         super().__init__(where, f"no space left on device: {written / 1e6:.1f} MB written before the disk filled, "
                          f"{free / 1e6:.1f} MB free there", "free more than that much disk (or point results: at a "
                          "larger disk) and run again; nothing was written")
+
+
+_TEMP_PART = re.compile(r"^\.(?P<name>.+)\.[^./]+\.tmp$")
+
+
+def final_path(path: str | Path) -> Path:
+    """The path a user knows for ``path``: inside an :func:`atomic_path` temporary
+    (``dir/.<name>.<random>.tmp/<name>/...``) it is ``dir/<name>/...``."""
+    parts = list(Path(path).parts)
+    out = []
+    for i, part in enumerate(parts):
+        m = _TEMP_PART.match(part)
+        if m and i + 1 < len(parts) and parts[i + 1] == m["name"]:
+            continue
+        out.append(part)
+    return Path(*out) if out else Path(path)
+
+
+def require_space(where: str | Path, need: int, what: str) -> None:
+    """Refuse up front to write ``need`` bytes below ``where`` when the disk there holds less: some
+    writers cannot report a full disk (LLVM's output stream exits the process, a write through a
+    memory map is SIGBUS), so theirs is checked before they start."""
+    where = Path(where)
+    base = next((p for p in [where, *where.parents] if p.exists()), Path("/"))
+    free = shutil.disk_usage(base).free
+    if free < need:
+        raise PipelineError(final_path(where), f"no space left on device: {what} needs about {need / 1e6:.1f} MB, "
+                            f"{free / 1e6:.1f} MB free there", "free more than that much disk (or point results: "
+                            "at a larger disk) and run again; nothing was written")
+
+
+def check_writable(path: str | Path) -> None:
+    """``path`` (or its nearest existing parent) is a directory this process can write into: one line
+    naming it otherwise (a read-only mount, a directory without write permission)."""
+    path = Path(path)
+    base = next((p for p in [path, *path.parents] if p.exists()), Path("."))
+    try:
+        probe = Path(tempfile.mkdtemp(prefix=".write-probe.", dir=base))
+        probe.rmdir()
+    except OSError as exc:
+        what = "is on a read-only file system" if exc.errno == errno.EROFS else f"is not writable ({exc.strerror})"
+        raise PipelineError(base, what, "remount it read-write or point results: at a writable directory, "
+                            "and run again") from None
 
 
 def disk_full(exc: BaseException) -> bool:
