@@ -5,7 +5,8 @@ rule report:
     # One self-contained HTML page per model (inline SVG, no JavaScript, nothing fetched): gate
     # verdicts and numbers, max|dlogits| and reference margin per step, bundle sizes, export time
     # and peak RSS (from the export logs: not content-addressed, fine for a report), the prefill
-    # speedup when the gate measured one, coreai doctor's findings and the card preview.
+    # check, coreai doctor's findings and the card preview. A gate run removes the report first
+    # (stages/gate.py remove_stale_report): a failing gate never leaves one saying PASS.
     input:
         # the export logs are read when present but are not inputs: logs are not tracked by DVC,
         # and as inputs a `dvc pull` (which restores no logs) would make Snakemake re-export

@@ -148,10 +148,10 @@ def edited_gates(out: Path, edit) -> list[Path]:
     return paths
 
 
-def test_prefill_speedup_no_prefill_failures_and_missing_logs_are_shown(inputs, page, tmp_path):
+def test_no_prefill_failures_and_missing_logs_are_shown(inputs, page, tmp_path):
     def edit(r, g):
         if r == "fp16":
-            g["prefill"]["speedup"] = 11.46
+            g["prefill"]["speedup"] = 11.46  # no stage writes it: the report does not show it (it was a dead field)
         if r == "fp32":
             del g["prefill"]  # a bundle without a prefill function
         if r == "int8keepproj":
@@ -160,8 +160,7 @@ def test_prefill_speedup_no_prefill_failures_and_missing_logs_are_shown(inputs, 
     gates = edited_gates(tmp_path, edit)
     shutil.copytree(inputs / "doctor", tmp_path / "doctor")  # and no logs beside it
     page.goto(build(tmp_path / "index.html", gates).as_uri())
-    assert cell(page, "fp16", "prefill_speedup") == "11.5×"
-    assert cell(page, "fp16", "prefill").endswith("11.5× faster than decode")
+    assert page.locator('[data-key="prefill_speedup"]').count() == 0 and "faster" not in cell(page, "fp16", "prefill")
     assert cell(page, "fp32", "prefill") == "no prefill"
     assert cell(page, "int8keepproj", "pass") == "FAIL" and cell(page, "fp16", "pass") == "PASS"
     assert "top-1 agreement 30/40" in page.locator('section[data-recipe="int8keepproj"] li.fail').inner_text()

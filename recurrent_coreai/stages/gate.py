@@ -184,6 +184,11 @@ _WORKER: dict = {}  # in a gate worker process: its session, stream and settings
 
 
 def _worker_init(session_factory, aimodelx: Path, export_record: dict, stream: dict, settings: dict) -> None:
+    import signal
+
+    # Ctrl-C reaches the whole process group: the stage process handles it and ends the workers
+    # (an interrupted worker would print its own traceback from the pool's queue)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         sess = session_factory(aimodelx, export_record)
         sess.__enter__()  # the runtime session lives as long as the worker process
@@ -231,10 +236,17 @@ def run_gate(aimodelx: Path, export_record: dict, stream: dict, settings: dict,
         import multiprocessing
 
         try:
-            with concurrent.futures.ProcessPoolExecutor(
-                    workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
-                    initargs=(session_factory, aimodelx, export_record, stream, settings)) as pool:
+            pool = concurrent.futures.ProcessPoolExecutor(
+                workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                initargs=(session_factory, aimodelx, export_record, stream, settings))
+            try:
                 done = list(pool.map(_worker_run, work))
+            except KeyboardInterrupt:  # end the workers now rather than after their current unit
+                for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                    proc.terminate()
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+            pool.shutdown()
         except concurrent.futures.process.BrokenProcessPool:
             raise PipelineError(aimodelx, f"a gate process died (killed by the system, often for memory) while "
                                 f"{workers} ran at once", "give the gate more memory or fewer threads "
@@ -344,6 +356,22 @@ def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
     return result
 
 
+def stale_report(json_path: Path) -> Path:
+    """The model's build report (``results/<m>/report/index.html``, stages.report.report_path),
+    which shows this gate's verdict."""
+    return Path(json_path).parent.parent / "report" / "index.html"
+
+
+def remove_stale_report(json_path: Path) -> None:
+    """This gate's verdict is being decided again: the report that shows the old one is removed
+    now, so a gate that fails, is interrupted or stops a ``--keep-going`` run never leaves a
+    report saying it passed (the report rule rebuilds it once every gate has passed)."""
+    report = stale_report(json_path)
+    if report.is_file():
+        report.unlink()
+        stage.log.info("removed %s: it shows this gate's previous verdict", report)
+
+
 @main_guard
 def main(argv=None) -> int:
     """The gate stage: ``scripts/gate.py --model M --recipe R --export DIR --aot DIR --reference NPZ
@@ -352,6 +380,7 @@ def main(argv=None) -> int:
 
     ns = stage.parser("gate", "model", "recipe", "export", "aot", "reference", "json", "tsv").parse_args(argv)
     s, _ = stage.setup("gate", ns)
+    remove_stale_report(Path(ns.json))
     t0 = time.perf_counter()
     res = gate_bundle(ns.model, ns.recipe, Path(ns.export), Path(ns.aot), Path(ns.reference),
                       gate_settings(s, ns.recipe), Path(ns.json), Path(ns.tsv), workers=workers_granted())

@@ -2,8 +2,7 @@
 
 Per recipe: the gate verdict and its numbers, plots of max|Δlogits| and of the reference's top-2
 margin per step (inline SVG drawn here: no JavaScript, nothing fetched), bundle sizes, export time
-and peak RSS (read from the export job's log), the prefill speedup when the gate measured one,
-and coreai doctor's findings; then a preview of the model card (Markdown rendered with
+and peak RSS (read from the export job's log), the prefill check, and coreai doctor's findings; then a preview of the model card (Markdown rendered with
 markdown-it-py, raw HTML in the card escaped). Everything shown comes from the stage outputs
 the rule declares as inputs.
 """
@@ -74,8 +73,8 @@ class Recipe:
 
     @property
     def prefill(self) -> dict | None:
-        """The gate's prefill check (chunked prefill + decode tail vs the reference; ``speedup``
-        when the gate measured one), or None for a bundle without a prefill function."""
+        """The gate's prefill check (chunked prefill + decode tail vs the reference), or None for a
+        bundle without a prefill function."""
         return self.gate.get("prefill")
 
     @property
