@@ -352,7 +352,7 @@ def carry(base: Path, out: Path, settings: Mapping) -> list[Path]:
     import shutil
 
     base = Path(base)
-    load_file(base / TOKENIZER_FILE, settings.get("sha256"))
+    load_file(base / TOKENIZER_FILE)
     carried = [base / name for name in CARRY if (base / name).is_file()]
     for f in carried:
         shutil.copyfile(f, Path(out) / f.name)
@@ -364,7 +364,7 @@ def bake_stage(source_dir: Path, out_dir: Path, settings: Mapping) -> dict:
     level, round trip) and written to ``out_dir`` with the device table ``bpe_vocab.tsv``."""
     from recurrent_coreai.util.fsutil import atomic_path
 
-    tok = load_file(Path(source_dir) / TOKENIZER_FILE, settings.get("sha256"))
+    tok = load_file(Path(source_dir) / TOKENIZER_FILE)
     checked = tok.check_round_trip()
     with atomic_path(out_dir, directory=True) as tmp:
         (tmp / TOKENIZER_FILE).write_bytes(tok.json_text.encode("utf-8"))

@@ -12,7 +12,7 @@ The rules of families/rwkv7/export_graph.py, kept here:
 * each layer returns its new state slices; each state gets ONE write per call, at the end
   (``buffer.copy_(torch.stack(...))``);
 * every linear goes through :func:`recurrent_coreai.coreai.layers.linear`;
-* the recurrence, the decay and its exp, softplus, the conv and the norms run in at least fp32
+* the recurrence, the decay and its exp, dt's log(1 + e^x), the conv and the norms run in at least fp32
   (:func:`~recurrent_coreai.coreai.layers.wide`), whatever the recipe dtype; the residual stream
   is kept in that wide dtype too (transformers' ``residual_in_fp32``);
 * the per-layer math is ONE function (:meth:`Block.step`) over T tokens: only the SSM differs, the
@@ -41,6 +41,13 @@ MAX_CHUNK = 256
 
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+
+def stable_log1p_exp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 + e^x) written so that no intermediate overflows (max(x, 0) + log1p(e^-|x|)): the
+    library op's decomposition forms e^x first, which overflows fp16 on a device delegate."""
+    return torch.clamp(x, min=0) + torch.log1p(torch.exp(-torch.abs(x)))
 
 
 class RMSNorm(nn.Module):
@@ -99,7 +106,7 @@ class Block(nn.Module):
         xs = xbc[:, :I].reshape(T, H, P)
         B = xbc[:, I:I + G * N].reshape(T, G, N).transpose(0, 1)              # [G,T,N]
         C = xbc[:, I + G * N:].reshape(T, G, N).transpose(0, 1)
-        dt = F.softplus(dt.to(wd) + m.dt_bias.to(wd))                           # [T,H]
+        dt = stable_log1p_exp(dt.to(wd) + m.dt_bias.to(wd))                     # [T,H]
         A = -torch.exp(m.A_log.to(wd))                                          # [H]
         S0 = S.to(wd)
         if T == 1:

@@ -43,7 +43,7 @@ def ssd_chunk(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tenso
               S0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """T tokens at once, all heads batched (D skip not included).
 
-    x [H,T,P], dt [H,T] (after softplus), A [H] (negative), B and C [G,T,N] (G groups), S0 [H,P,N].
+    x [H,T,P], dt [H,T] (after log(1 + e^x)), A [H] (negative), B and C [G,T,N] (G groups), S0 [H,P,N].
     Returns y [H,T,P] and S_T [H,P,N], in the dtype of the inputs."""
     H, T, _ = x.shape
     strict, incl = _masks(T, x.dtype)

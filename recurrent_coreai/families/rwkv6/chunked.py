@@ -40,7 +40,7 @@ def _mask_data(T: int) -> tuple[np.ndarray, ...]:
     between[(t,s),τ] = s < τ < t, as [T*T, T]."""
     i, j = np.arange(T).reshape(T, 1), np.arange(T).reshape(1, T)
     t, s, tau = (np.arange(T).reshape(T, 1, 1), np.arange(T).reshape(1, T, 1), np.arange(T).reshape(1, 1, T))
-    between = ((s < tau) & (tau < t)).reshape(T * T, T)
+    between = np.logical_and(np.greater(tau, s), np.greater(t, tau)).reshape(T * T, T)
     return tuple(m.astype(np.float64) for m in (i > j, i == j, j < i, j > i, between))
 
 
