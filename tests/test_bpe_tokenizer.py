@@ -148,7 +148,7 @@ def test_kind_interface(tmp_path):
     assert len(rows) == len(tok) == 1024
     assert all(base64.b64decode(r.split("\t")[1]) == tok.token_bytes(int(r.split("\t")[0])) for r in rows)
     assert tok.prompt("hi")[:1] == [0] and tok.decode_bytes(tok.prompt("hi")) == b"User: hi\n\nAssistant:"
-    carried = kind.carry(src, tmp_path, {"sha256": tok.sha256})
+    carried = kind.carry(src, tmp_path, {"tokenizer_sha256": tok.sha256, "sha256": "0" * 64})
     assert [p.name for p in carried] == ["tokenizer.json", "tokenizer_config.json"]
     with pytest.raises(PipelineError, match="sha256 is"):
-        kind.carry(src, tmp_path, {"sha256": "f" * 64})
+        kind.carry(src, tmp_path, {"tokenizer_sha256": "f" * 64})

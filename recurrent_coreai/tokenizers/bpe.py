@@ -41,6 +41,7 @@ from recurrent_coreai.util.errors import PipelineError
 
 EOS = "<|endoftext|>"
 SYNTHETIC_VOCAB_SIZE = 1024
+SHA256_SETTING = "tokenizer_sha256"  # a pinned tokenizer.json digest in the settings (not the World pin's sha256)
 TOKENIZER_FILE = "tokenizer.json"
 DEVICE_FILE = "bpe_vocab.tsv"   # id \t base64(token bytes), ids ascending (special tokens: empty)
 CHAT = "User: {prompt}\n\nAssistant:"
@@ -352,7 +353,7 @@ def carry(base: Path, out: Path, settings: Mapping) -> list[Path]:
     import shutil
 
     base = Path(base)
-    load_file(base / TOKENIZER_FILE)
+    load_file(base / TOKENIZER_FILE, settings.get(SHA256_SETTING))
     carried = [base / name for name in CARRY if (base / name).is_file()]
     for f in carried:
         shutil.copyfile(f, Path(out) / f.name)
@@ -364,7 +365,7 @@ def bake_stage(source_dir: Path, out_dir: Path, settings: Mapping) -> dict:
     level, round trip) and written to ``out_dir`` with the device table ``bpe_vocab.tsv``."""
     from recurrent_coreai.util.fsutil import atomic_path
 
-    tok = load_file(Path(source_dir) / TOKENIZER_FILE)
+    tok = load_file(Path(source_dir) / TOKENIZER_FILE, settings.get(SHA256_SETTING))
     checked = tok.check_round_trip()
     with atomic_path(out_dir, directory=True) as tmp:
         (tmp / TOKENIZER_FILE).write_bytes(tok.json_text.encode("utf-8"))
