@@ -26,6 +26,7 @@ from safetensors import safe_open
 
 from recurrent_coreai import families
 from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.util.fsutil import why_missing
 from recurrent_coreai.util.progress import Progress
 from recurrent_coreai.util.safetensors_stream import NORMAL_METADATA, WEIGHT_FILE, save_normalized  # noqa: F401 - re-exported
 from recurrent_coreai.util.safetensors_stream import save_streamed
@@ -87,7 +88,7 @@ def _indexed_files(src: Path, index: dict[str, str]) -> list[Path]:
     return [src / shard for shard in named]
 
 
-def load_pickle(f: Path) -> object:
+def load_pickle(f: Path, mmap: bool = True) -> object:
     """A PyTorch pickle (``.pth``/``.bin``) loaded with ``weights_only=True``: torch's restricted
     unpickler, which builds tensors and plain containers and refuses any other global (a pickle
     that would call ``os.system`` is refused here, in one line, and never runs)."""
@@ -95,7 +96,13 @@ def load_pickle(f: Path) -> object:
     import zipfile
 
     try:
-        return torch.load(f, map_location="cpu", mmap=True, weights_only=True)
+        return torch.load(f, map_location="cpu", mmap=mmap, weights_only=True)
+    except RuntimeError as exc:
+        if mmap and "mmap can only be used" in str(exc):  # a legacy (non-zip) torch.save: read it whole
+            return load_pickle(f, mmap=False)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise PipelineError(f, f"cannot read PyTorch checkpoint ({type(exc).__name__}: {first})",
+                            "re-download the file; it is truncated or not a state dict") from None
     except pickle.UnpicklingError as exc:
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         unsafe = next((ln for ln in lines if "Unsupported global" in ln or "unsupported global" in ln.lower()), None)
@@ -104,9 +111,12 @@ def load_pickle(f: Path) -> object:
             raise PipelineError(f, f"the pickle refers to {what}, which weights_only loading refuses (it would run "
                                 "code, not load tensors)", "use a checkpoint of plain tensors (a state dict saved "
                                 "with torch.save, or safetensors) from a source you trust") from None
-        raise PipelineError(f, f"cannot unpickle it ({lines[0][:200] if lines else type(exc).__name__})",
+        # torch's text starts with paragraphs about its weights_only default: the reason is after "error:"
+        said = next((ln for i, ln in enumerate(lines) if i and "error:" in lines[i - 1].lower()), None) or \
+            (lines[0] if lines else type(exc).__name__)
+        raise PipelineError(f, f"cannot unpickle it ({said[:200]})",
                             "re-download the file; it is truncated or not a PyTorch state dict") from None
-    except (RuntimeError, EOFError, ValueError, zipfile.BadZipFile, OSError) as exc:
+    except (EOFError, ValueError, zipfile.BadZipFile, OSError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise PipelineError(f, f"cannot read PyTorch checkpoint ({type(exc).__name__}: {first})",
                             "re-download the file; it is truncated or not a state dict") from None
@@ -214,6 +224,8 @@ def load_geometry(family, src: Path):
     cfg_path = src / "config.json"
     if cfg_path.is_dir():
         raise PipelineError(cfg_path, "is a directory, not a file", "replace it with the checkpoint's config.json")
+    if not cfg_path.is_file() and cfg_path.is_symlink():  # a link loop or a broken link: not "missing"
+        raise PipelineError(cfg_path, why_missing(cfg_path), "replace it with the checkpoint's config.json")
     if not cfg_path.is_file():
         raise PipelineError(src, "config.json is missing", "use a snapshot in Hugging Face layout (config.json + weights)")
     return family.geometry_from_config(_read_json(cfg_path, "repair or re-download config.json"), cfg_path)

@@ -19,6 +19,8 @@ from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.util.fsutil import git_blob_sha1, sha256_file
 from recurrent_coreai.hub.errors import client_token, common_failure, first_line, http_detail, http_status, hub_error, root_cause
 
+# HTTP statuses that a retry gets again (401/403 are authentication: hub.errors.common_failure)
+PERSISTENT = frozenset({400, 404, 410})
 RETRY = "retry: files that completed stay in the Hugging Face cache and are not fetched again"
 
 
@@ -93,6 +95,10 @@ def _describe(exc: BaseException) -> tuple[str, str]:
                         else ("HF_HUB_DOWNLOAD_TIMEOUT", constants.HF_HUB_DOWNLOAD_TIMEOUT))
         return (f"no data from the Hub for {seconds} s ({type(cause).__name__}, {var}={seconds})",
                 f"{RETRY}; on a slow connection raise {var} (now {seconds} s)")
-    if http_status(cause) is not None:
+    status = http_status(cause)
+    if status in PERSISTENT:  # the same request fails the same way again: retrying is no fix
+        return (f"download failed ({http_detail(cause)}): the Hub has no such file at this revision",
+                "check source.repo, source.revision and allow_patterns in config.yaml (a retry gets the same answer)")
+    if status is not None:
         return f"download failed ({http_detail(cause)})", RETRY
     return f"download failed ({type(cause).__name__}: {first_line(cause)})", RETRY

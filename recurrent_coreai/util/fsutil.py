@@ -118,6 +118,21 @@ def require_space(where: str | Path, need: int, what: str) -> None:
                             "at a larger disk) and run again; nothing was written")
 
 
+def why_missing(path: str | Path) -> str:
+    """What is wrong with a path that cannot be opened: "is a symbolic link loop", "is a broken
+    symbolic link (to …)", "is a directory, not a file", or "does not exist"."""
+    path = Path(path)
+    try:
+        path.stat()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "is a symbolic link loop (it resolves to itself)"
+        if path.is_symlink():
+            return f"is a broken symbolic link (to {os.readlink(path)})"
+        return "does not exist"
+    return "is a directory, not a file" if path.is_dir() else "exists"
+
+
 def check_writable(path: str | Path) -> None:
     """``path`` (or its nearest existing parent) is a directory this process can write into: one line
     naming it otherwise (a read-only mount, a directory without write permission)."""
