@@ -1,0 +1,67 @@
+"""The SLURM profile's pre-flight (profiles/slurm/check_cluster.py): on a machine whose SLURM
+does not answer it is one line before anything is submitted or deleted. Fake sinfo/sacct in PATH."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from recurrent_coreai.util.errors import PipelineError
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("check_cluster", ROOT / "profiles" / "slurm" / "check_cluster.py")
+check_cluster = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(check_cluster)
+
+
+def fake(bindir: Path, name: str, body: str) -> None:
+    exe = bindir / name
+    exe.write_text(f"#!/bin/sh\n{body}\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.fixture
+def bindir(tmp_path, monkeypatch):
+    d = tmp_path / "bin"
+    d.mkdir()
+    monkeypatch.setenv("PATH", f"{d}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    for name in ("sinfo", "sacct"):  # only the fakes: never a real SLURM of this machine
+        fake(d, name, "exit 0")
+    return d
+
+
+def test_a_cluster_that_does_not_answer_is_one_line(bindir):
+    fake(bindir, "sinfo", 'echo "sinfo: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host" >&2\n'
+                          'echo "sinfo: error: fetch_config: DNS SRV lookup failed" >&2; exit 1')
+    with pytest.raises(PipelineError) as err:
+        check_cluster.check("main")
+    assert str(err.value) == ("SLURM (--profile profiles/slurm): the cluster does not answer `sinfo -h -o %P -p main` "
+                              "(sinfo: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host) -- fix: check "
+                              "that slurmctld runs and this host's slurm.conf names it; nothing was submitted or deleted")
+
+
+def test_no_slurm_commands_and_a_hanging_controller(bindir, tmp_path):
+    (bindir / "sinfo").unlink()
+    with pytest.raises(PipelineError, match="sinfo not found: this machine is not a SLURM submit host"):
+        check_cluster.check("main")
+    fake(bindir, "sinfo", "sleep 5")
+    with pytest.raises(PipelineError, match=r"did not answer `sinfo -h -o %P -p main` within 0.5 s"):
+        check_cluster.check("main", timeout=0.5)
+
+
+def test_a_missing_partition_and_accounting_that_does_not_answer(bindir, capsys):
+    fake(bindir, "sinfo", 'case "$*" in *"-p main"*) exit 0;; *) echo "debug*"; echo "gpu";; esac')
+    with pytest.raises(PipelineError, match=r"partition 'main' does not exist \(the cluster has debug, gpu\)"):
+        check_cluster.check("main")
+    fake(bindir, "sinfo", 'echo "main*"')
+    fake(bindir, "sacct", 'echo "sacct: error: Slurmctld has been configured without accounting" >&2; exit 1')
+    with pytest.raises(PipelineError, match="does not answer `sacct"):
+        check_cluster.check("main")
+    check_cluster.check("main", status_command="squeue")  # squeue polling needs no accounting
+    assert check_cluster.main(["main"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: SLURM (--profile profiles/slurm): ")
