@@ -107,7 +107,8 @@ def load_pickle(f: Path, mmap: bool = True) -> object:
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         unsafe = next((ln for ln in lines if "Unsupported global" in ln or "unsupported global" in ln.lower()), None)
         if unsafe is not None:
-            what = unsafe.split(":", 1)[-1].strip().split(" ", 1)[0].rstrip(".,")
+            named = re.search(r"global\W+(?:GLOBAL\s+)?([\w.]+)", unsafe, re.I)  # torch words it several ways
+            what = named[1].rstrip(".,") if named else "a global"
             raise PipelineError(f, f"the pickle refers to {what}, which weights_only loading refuses (it would run "
                                 "code, not load tensors)", "use a checkpoint of plain tensors (a state dict saved "
                                 "with torch.save, or safetensors) from a source you trust") from None
