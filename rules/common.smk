@@ -9,6 +9,7 @@ from recurrent_coreai import families
 from recurrent_coreai.pipeline import fingerprint
 from recurrent_coreai.coreai import toolchain
 from recurrent_coreai.pipeline import resources as sizing  # cluster resources from the model's size
+from recurrent_coreai.util import fsutil
 from recurrent_coreai.util.errors import exit_on_error
 from recurrent_coreai.pipeline.paths import STATE_DIR, Layout, card_inputs, publish_inputs
 
@@ -24,6 +25,7 @@ CONFIG_FILE = exit_on_error(
 # a change reruns that stage, for the models of that family only
 CODE = {}
 RES = config["results"]
+exit_on_error(lambda: fsutil.check_writable(RES))  # a read-only results/ is one line, before any job
 OUT = Layout(RES, "{model}")  # output path patterns, wildcards left in
 MODELS = cfgmod.models_to_build(config)
 

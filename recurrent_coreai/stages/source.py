@@ -20,7 +20,7 @@ from recurrent_coreai.pipeline import stage
 from recurrent_coreai.pipeline.records import MANIFEST, write_sealed
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.frontmatter import front_matter
-from recurrent_coreai.util.fsutil import atomic_path, dumps_json, sha256_file, tree_manifest
+from recurrent_coreai.util.fsutil import why_missing, atomic_path, dumps_json, sha256_file, tree_manifest
 
 # files of an HF snapshot we carry over besides the weights and the tokenizer's (the card)
 CARRY = ("config.json", "generation_config.json", "README.md")
@@ -92,7 +92,7 @@ def build_source(model_name: str, model_cfg: dict, vocab_cfg: dict, out: Path) -
         elif kind == "path":
             src = Path(spec["path"])
             if not src.exists():
-                raise PipelineError(src, "source path does not exist", "fix models/<name>/source/path in config.yaml")
+                raise PipelineError(src, f"source path {why_missing(src)}", "fix models/<name>/source/path in config.yaml")
             parts = _write_from_dir(family, src, tmp, vocab_cfg)
             uri, revision = f"file://{src.resolve()}", None
         elif kind == "hf":
