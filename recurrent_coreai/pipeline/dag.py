@@ -5,14 +5,30 @@ command, inputs, outputs) becomes one DVC stage with the same ``cmd``, ``deps`` 
 DVC then adds what it is good at: ``params`` from config.yaml, gate JSONs as ``metrics``, the
 per-step TSVs as ``plots``. Both sides are read through private APIs of the pinned versions
 (snakemake 9.27.1, dvc 3.67.1).
+
+:func:`snakemake_jobs` is THE job listing of the project: the DVC generator and its drift check,
+``status`` (through the generated dvc.yaml, this listing serialised) and ``beta-watch`` (through
+``python -m recurrent_coreai.pipeline.dag --json``, run by the Python and in the tree whose jobs
+it wants) all read it. Why a private API: Snakemake 9.27.1's public ``snakemake.api`` builds a DAG
+only to act on it (execute, dry-run, print dot/d3, summaries, reports); none returns the jobs as
+data. Its text outputs are the alternative: ``-n`` prints a log meant for people (a regex over it
+breaks with the wording), ``--summary`` lists output files without commands or wildcards, and
+``--d3dag``/``--dag`` give labels, not inputs or commands. The one structured public channel, the
+logger-plugin events (``JOB_INFO`` in a dry run), reaches only a handler installed as a
+``snakemake-logger-plugin-*`` distribution. So this module reads ``Workflow.dag`` after
+``_prepare_dag``/``_build_dag`` (what ``dag()`` does before acting), in this one place;
+tests/test_dag_drift.py fails if the pinned Snakemake changes it.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
+import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import yaml
@@ -20,8 +36,13 @@ import yaml
 from recurrent_coreai.pipeline.config import DEFAULT_FILE, stage_keys
 from recurrent_coreai.pipeline.fingerprint import code_files
 
-def snakemake_jobs(workdir: str | Path = ".", target: str = "publish") -> list[dict]:
-    """Every job Snakemake would run for ``target`` from scratch (forceall), as plain data."""
+def snakemake_jobs(workdir: str | Path = ".", target: str = "publish", *, forceall: bool = True,
+                   forcerun: tuple[str, ...] = ()) -> list[dict]:
+    """The jobs Snakemake would run for ``target``, as plain data (``rule``, ``wildcards``, the
+    formatted shell ``cmd`` or None, ``deps``, ``outs``). ``forceall``: every job, as from
+    scratch (sorted by rule and wildcards); else only those the tree needs now, with the rules
+    of ``forcerun`` forced (what ``snakemake -n --forcerun ...`` plans), in a DAG order (a job
+    after every job it needs). Nothing is run and no lock is taken."""
     from snakemake.api import SnakemakeApi
     from snakemake.settings.types import (ConfigSettings, DAGSettings, OutputSettings, ResourceSettings,
                                           StorageSettings)
@@ -34,19 +55,23 @@ def snakemake_jobs(workdir: str | Path = ".", target: str = "publish") -> list[d
             wf_api = api.workflow(snakefile=workdir / "Snakefile", workdir=workdir,
                                   resource_settings=ResourceSettings(cores=1),
                                   config_settings=ConfigSettings(), storage_settings=StorageSettings())
-            wf_api.dag(DAGSettings(targets={target}, forceall=True))
-            wf = wf_api._workflow  # noqa: SLF001 - private API of the pinned snakemake
-            wf._prepare_dag(forceall=True, ignore_incomplete=True, lock_warn_only=True)  # noqa: SLF001
+            wf_api.dag(DAGSettings(targets={target}, forceall=forceall, forcerun=frozenset(forcerun)))
+            wf = wf_api._workflow  # noqa: SLF001 - private API of the pinned snakemake (see the module docstring)
+            wf._prepare_dag(forceall=forceall, ignore_incomplete=forceall, lock_warn_only=True,  # noqa: SLF001
+                            nolock=True)
             wf._build_dag()  # noqa: SLF001
-            for job in wf.dag.jobs:
-                jobs.append({
-                    "rule": job.rule.name, "wildcards": dict(job.wildcards_dict),
-                    "cmd": job.shellcmd.strip() if job.shellcmd else None,
-                    "deps": sorted(str(f) for f in job.input), "outs": sorted(str(f) for f in job.output),
-                })
+            chosen = set(wf.dag.jobs) if forceall else set(wf.dag.needrun_jobs())
+            for level in wf.dag.toposorted(chosen):
+                for job in sorted(level, key=lambda j: (j.rule.name, sorted(j.wildcards_dict.items()))):
+                    jobs.append({
+                        "rule": job.rule.name, "wildcards": dict(job.wildcards_dict),
+                        "cmd": job.shellcmd.strip() if job.shellcmd else None,
+                        "deps": sorted(str(f) for f in job.input), "outs": sorted(str(f) for f in job.output),
+                    })
     finally:
         os.chdir(cwd)
-    return sorted(jobs, key=lambda j: (j["rule"], sorted(j["wildcards"].items())))
+    by_name = (lambda j: (j["rule"], sorted(j["wildcards"].items())))
+    return sorted(jobs, key=by_name) if forceall else jobs
 
 
 def stage_name(job: dict) -> str:
@@ -143,3 +168,23 @@ def drift(jobs: list[dict], index: dict[str, dict], cfg: dict) -> list[str]:
         if sorted(job["outs"]) != st["outs"]:
             problems.append(f"stage {name}: outs {st['outs']} != outputs {job['outs']}")
     return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m recurrent_coreai.pipeline.dag [--planned] [--forcerun RULE] [TARGET]``: the job
+    list as JSON on stdout's last line, for a caller that needs it from another Python or tree
+    (beta-watch asks the beta venv, in its worktree)."""
+    ap = argparse.ArgumentParser(prog="python -m recurrent_coreai.pipeline.dag", description=main.__doc__)
+    ap.add_argument("target", nargs="?", default="publish")
+    ap.add_argument("--workdir", type=Path, default=Path("."), help="the tree holding the Snakefile (default: .)")
+    ap.add_argument("--planned", action="store_true",
+                    help="only the jobs the tree needs now (as snakemake -n plans), not every job")
+    ap.add_argument("--forcerun", action="append", default=[], metavar="RULE", help="force this rule (repeatable)")
+    ns = ap.parse_args(argv)
+    jobs = snakemake_jobs(ns.workdir, ns.target, forceall=not ns.planned, forcerun=tuple(ns.forcerun))
+    sys.stdout.write(json.dumps(jobs) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,7 +3,7 @@
 1. Ask the package index (pip's own client: ``pip index versions --pre``) for versions of the
    watched packages (coreai-core, coreai-torch, coreai-opt) newer than their pins in
    requirements.txt, pre-releases included, and list what would rebuild: the toolchain stage and
-   every job after it, as ``snakemake -n --forcerun toolchain publish`` plans it. An index that
+   every job after it, as ``snakemake -n --forcerun toolchain publish`` plans it (pipeline/dag.py). An index that
    does not list a pinned version (HTTP 404, an empty project page, a missing file:// directory,
    a host pip ignores) is the wrong index: an error, never "nothing newer".
 2. ``--apply``: in a throwaway ``git worktree`` of HEAD, bump the pins in requirements.txt and
@@ -22,7 +22,7 @@ One module per concern:
 * ``pins``      -- the exact pins in requirements.txt; moving them in requirements.txt and envs/*.yaml;
 * ``index``     -- which versions the index lists (pip index versions), newer than the pins;
 * ``jobs``      -- Snakemake jobs: running Snakemake, reading which jobs it announced and finished;
-* ``plan``      -- the job list ``snakemake -n`` plans (to become pipeline.dag's one job listing);
+* ``plan``      -- the jobs a tree would run: pipeline.dag's one job listing, run in that tree by its venv;
 * ``worktree``  -- git: a clean HEAD, the throwaway worktree, seeding it with the baseline results;
 * ``venv``      -- the beta venv: only the new wheels, the rest through a .pth, verified;
 * ``rebuild``   -- seed, bump, prepare, run Snakemake in the worktree, check the jobs it ran;
