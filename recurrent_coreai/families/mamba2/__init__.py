@@ -132,7 +132,6 @@ class Mamba2Family(base.Family):
             ("State size (d_state)", str(g.d_state)),
             ("Groups (B/C)", str(g.n_groups)),
             ("Conv kernel", str(g.conv_kernel)),
-            ("Vocabulary", str(g.vocab)),
             ("Tied embeddings", "yes" if g.tie_embeddings else "no"),
             ("Parameters", f"{self.parameter_count(g):,}"),
         ]

@@ -144,7 +144,6 @@ class Rwkv6Family(Family):
             ("Hidden size", str(geom.hidden)),
             ("Heads x head size", f"{geom.heads} x {geom.head_dim}"),
             ("FFN size", str(geom.ffn)),
-            ("Vocabulary", str(geom.vocab)),
             ("ddlerp LoRA (D_MIX) / decay LoRA (D_DECAY)", f"{geom.mix_lora} / {geom.decay_lora}"),
             ("Parameters", f"{self.parameter_count(geom):,}"),
         ]
