@@ -260,7 +260,8 @@ def test_apply_rebuilds_exactly_the_toolchain_stages_and_reports(index, tiny_res
     t0 = time.perf_counter()
     # the baseline: a clone whose results/ is the shared tiny tree (same gate settings), building
     # one recipe (the rebuild is what costs here)
-    repo = fresh_copy(tmp_path / "repo", edit=lambda cfg: cfg["models"]["rwkv7-tiny"].update(recipes=[RECIPE]))
+    repo = fresh_copy(tmp_path / "repo", edit=lambda cfg: (cfg["models"]["rwkv7-tiny"].update(recipes=[RECIPE]),
+                                                         cfg.update(build=["rwkv7-tiny"])))
     shutil.copytree(tiny_results, repo / "results")
     run("snakemake --cores 1 --touch publish && git commit -qam baseline", repo)  # realign file times, record in DVC
     assert "Nothing to be done" in run("snakemake -n --cores 1 publish", repo).stdout

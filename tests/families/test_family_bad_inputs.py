@@ -1,0 +1,93 @@
+"""Bad inputs that only a multi-family pipeline meets, each one line naming the file (tensor) and the
+fix, nothing left behind: a checkpoint of one family given as another; a Mamba-2 config whose
+in_proj width disagrees with d_state/n_groups/headdim; a .bin holding arbitrary pickled objects;
+a tokenizer.json that does not round-trip."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import pytest
+import torch
+
+from recurrent_coreai import families
+from recurrent_coreai.stages.source import build_source
+from recurrent_coreai.util.errors import PipelineError
+
+TINY = {
+    "rwkv7": {"layers": 2, "hidden": 64, "head_dim": 32, "ffn": 128, "vocab": 256, "decay_lora": 8, "a_lora": 8,
+              "v_lora": 8, "gate_lora": 16},
+    "rwkv6": {"layers": 2, "hidden": 128, "head_dim": 64, "ffn": 448, "vocab": 256, "mix_lora": 8, "decay_lora": 16},
+    "mamba2": {"layers": 2, "hidden": 64, "d_state": 16, "headdim": 16, "n_groups": 2, "vocab": 256},
+}
+
+
+def checkpoint(family_name: str, layout: str, dest):
+    family = families.get(family_name)
+    geom = family.geometry_from_shape(TINY[family_name], "test")
+    dest.mkdir(parents=True, exist_ok=True)
+    family.write_layout(dict(family.synthetic_tensors(geom, 1)), dest, layout, geom)
+    return dest
+
+
+def build(tmp_path, family: str, src) -> PipelineError:
+    out = tmp_path / "out"
+    with pytest.raises(PipelineError) as exc:
+        build_source("m", {"family": family, "source": {"kind": "path", "path": str(src)}, "license": "mit"},
+                     {"package": "pyrwkv-tokenizer", "version": "0.9.1", "file": "rwkv_vocab_v20230424.txt",
+                      "sha256": "e6dee3d4e31b4d5c40ac99508ac6c701ceef4bed681bf2167ce9a908552bca89"}, out)
+    assert "\n" not in str(exc.value)
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
+    return exc.value
+
+
+@pytest.mark.parametrize("actual,layout,given", [
+    ("rwkv7", "fla-split", "rwkv6"), ("rwkv7", "blinkdl", "mamba2"), ("rwkv6", "blinkdl", "rwkv7"),
+    ("rwkv6", "hf", "mamba2"), ("mamba2", "hf", "rwkv7"), ("mamba2", "mamba-ssm", "rwkv6")])
+def test_a_checkpoint_of_another_family_names_the_family_it_looks_like(tmp_path, actual, layout, given):
+    src = checkpoint(actual, layout, tmp_path / "ckpt")
+    weights = [p for p in src.iterdir() if p.suffix in (".safetensors", ".pth", ".bin")]
+    err = build(tmp_path, given, weights[0] if not (src / "config.json").exists() else src)
+    assert f"({actual}, {layout} layout)" in err.what and f"set family: {actual}" in err.fix
+
+
+def test_a_mamba2_config_whose_in_proj_disagrees_names_both_numbers(tmp_path):
+    src = checkpoint("mamba2", "hf", tmp_path / "ckpt")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["state_size"] = 32  # in_proj was made for d_state 16
+    (src / "config.json").write_text(json.dumps(cfg))
+    err = build(tmp_path, "mamba2", src)
+    assert "in_proj" in err.what and "d_state 32" in err.what
+
+
+class Payload:
+    def __reduce__(self):
+        return os.system, ("echo pwned > /tmp/recurrent-coreai-pwned",)
+
+
+def test_a_bin_holding_arbitrary_objects_is_refused_and_never_runs(tmp_path):
+    src = checkpoint("mamba2", "mamba-ssm", tmp_path / "ckpt")
+    bin_file = next(src.glob("*.bin"))
+    sd = torch.load(bin_file, weights_only=True)
+    sd["backbone.norm_f.weight"] = Payload()
+    with open(bin_file, "wb") as fh:
+        pickle.dump(sd, fh)  # a legacy pickle, as old tools write them
+    if os.path.exists("/tmp/recurrent-coreai-pwned"):
+        os.remove("/tmp/recurrent-coreai-pwned")
+    err = build(tmp_path, "mamba2", src)
+    assert "weights_only" in err.what or "cannot unpickle" in err.what
+    assert not os.path.exists("/tmp/recurrent-coreai-pwned")
+
+
+def test_a_tokenizer_json_that_does_not_round_trip_is_refused(tmp_path):
+    src = checkpoint("mamba2", "hf", tmp_path / "ckpt")
+    from recurrent_coreai.tokenizers import bpe
+
+    tj = json.loads(bpe.synthetic_tokenizer_json(512))
+    tj["decoder"] = None  # no byte-level decoder: decode(encode(text)) is not the text's bytes
+    tj["pre_tokenizer"] = {"type": "Whitespace"}
+    (src / "tokenizer.json").write_text(json.dumps(tj))
+    err = build(tmp_path, "mamba2", src)
+    assert "tokenizer.json" in err.where
