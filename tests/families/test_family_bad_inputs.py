@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 
 import pytest
 import torch
@@ -72,12 +71,11 @@ def test_a_bin_holding_arbitrary_objects_is_refused_and_never_runs(tmp_path):
     bin_file = next(src.glob("*.bin"))
     sd = torch.load(bin_file, weights_only=True)
     sd["backbone.norm_f.weight"] = Payload()
-    with open(bin_file, "wb") as fh:
-        pickle.dump(sd, fh)  # a legacy pickle, as old tools write them
+    torch.save(sd, bin_file)  # pickles Payload through its __reduce__: a call of os.system on load
     if os.path.exists("/tmp/recurrent-coreai-pwned"):
         os.remove("/tmp/recurrent-coreai-pwned")
     err = build(tmp_path, "mamba2", src)
-    assert "weights_only" in err.what or "cannot unpickle" in err.what
+    assert "the pickle refers to posix.system" in err.what and "weights_only" in err.what
     assert not os.path.exists("/tmp/recurrent-coreai-pwned")
 
 
