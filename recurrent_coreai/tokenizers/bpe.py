@@ -339,8 +339,10 @@ def load(vocab_dir: Path) -> BPETokenizer:
 
 
 def source_files(out: Path, settings: Mapping) -> None:
-    """A synthetic source's tokenizer files: the synthetic tokenizer.json and a tokenizer_config.json."""
-    text = synthetic_tokenizer_json(int(settings.get("vocab_size", SYNTHETIC_VOCAB_SIZE)))
+    """A synthetic source's tokenizer files: the synthetic tokenizer.json and a tokenizer_config.json.
+    ``vocab_size`` (the model's vocabulary) caps it: a larger model (a real shape, 50,288) gets the
+    1024-token tokenizer, whose ids all have a row."""
+    text = synthetic_tokenizer_json(min(int(settings.get("vocab_size", SYNTHETIC_VOCAB_SIZE)), SYNTHETIC_VOCAB_SIZE))
     (Path(out) / TOKENIZER_FILE).write_bytes(text.encode("utf-8"))
     (Path(out) / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOS, "eos_token": EOS, "unk_token": EOS,
