@@ -58,8 +58,6 @@ def build_target(export_dir: Path, bundle: str, recipe: str, target: str, target
     aimodel = export_dir / f"{bundle}.aimodel"
     if not aimodel.is_dir():
         raise PipelineError(aimodel, "export bundle is missing", "run the export stage first")
-    if (export_dir / "export.json").exists():
-        read_export(export_dir)  # the export stage's bytes, as it recorded them
     source_files = tree_manifest(aimodel)
     with atomic_path(out_dir, directory=True) as tmp:
         if target_cfg["kind"] == "linux":
@@ -82,6 +80,7 @@ def main(argv=None) -> int:
     ns = stage.parser("aot", "model", "recipe", "target", "export", "out").parse_args(argv)
     s, _ = stage.setup("aot", ns)
     t0 = time.perf_counter()
+    read_export(Path(ns.export))  # the export stage's bytes, as it recorded them
     build_target(Path(ns.export), bundle_name(s["models"][ns.model], ns.recipe), ns.recipe, ns.target,
                  s["targets"][ns.target], s["aot"], Path(ns.out))
     stage.log.info("aot %s/%s/%s -> %s in %.1f s, peak RSS %.0f MB", ns.model, ns.target, ns.recipe, ns.out,

@@ -327,7 +327,9 @@ def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
                 json_path: Path, tsv_path: Path, workers: int = 1) -> dict:
     """Gate one recipe's bundle. The result records the sha256 of every file it tested (the
     ``.aimodel`` and the lowering it ran): publish ships those bytes and no others."""
-    record = read_export(export_dir)
+    # export.json as the export stage sealed it; the bundle's bytes are what the gate tests and
+    # records (tested_files), and must be the ones the lowering was built from
+    record = read_export(export_dir, files=False)
     lowering = read_aot(aot_dir)  # checks the lowered files against aot.json
     aimodel = export_dir / record["bundle"]
     tested = tree_manifest(aimodel)
@@ -335,7 +337,9 @@ def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
         raise PipelineError(aot_dir, f"was lowered from other bytes than {aimodel}",
                             "rerun the aot stage for the universal target (snakemake --forcerun aot)")
     aimodelx = aot_dir / lowering["product"]
-    stream = read_stream(stream_path)  # checked against the digest the reference stage recorded
+    # checked against the digest the reference stage recorded in it (a stream made by hand has
+    # none: the gate records its sha256, and publish requires the digest)
+    stream = read_stream(stream_path, required=False)
     check_stream(stream, stream_path, record)
     reference_steps = len(stream["tokens"])
     stream = gate_steps(stream, len(settings["prompts"]), settings["steps"], stream_path)
