@@ -20,7 +20,7 @@ def raw(repo_root):
 
 
 def test_shipped_config_is_valid(cfg):
-    assert config.models_to_build(cfg) == ["rwkv7-tiny"]
+    assert config.models_to_build(cfg) == ["mamba2-tiny", "rwkv6-tiny", "rwkv7-tiny"]  # one per family
     goose = cfg["models"]["rwkv7-goose-1.5b"]
     assert goose["source"]["repo"] == "RWKV/RWKV7-Goose-World3-1.5B-HF"
     assert config.HEX40.match(goose["source"]["revision"])
@@ -163,7 +163,8 @@ def test_config_flag_overrides_reach_the_stages_through_one_effective_file(repo_
     proc = _snakemake(repo_root, "publish", "-p", "--config", f"results={tmp_path}/elsewhere")
     assert proc.returncode == 0, proc.stderr[-2000:]
     cmds = _commands(proc)
-    assert cmds and all(f"{tmp_path}/elsewhere/rwkv7-tiny" in c or "toolchain" in c for c in cmds)
+    models = ("mamba2-tiny", "rwkv6-tiny", "rwkv7-tiny")
+    assert cmds and all(any(f"{tmp_path}/elsewhere/{m}" in c for m in models) or "toolchain" in c for c in cmds)
     files = {c.split("--config-file ")[1].split()[0] for c in cmds}
     assert len(files) == 1 and next(iter(files)).startswith(".snakemake/rwkv7/config-")
     loaded = config.load(repo_root / files.pop())
