@@ -270,11 +270,11 @@ def read_aot(aot_dir: Path) -> dict:
     return record
 
 
-def by_recipe(paths: list[Path], name: str | None = None) -> dict[str, dict]:
+def by_recipe(paths: list[Path], name: str | None = None, files: bool = True) -> dict[str, dict]:
     """Records (``export.json`` in each dir, or gate JSON files) keyed by the recipe they name,
-    each checked against its stage's record."""
+    each checked against its stage's record (``files``: and the export directory's files)."""
     if name == EXPORT:
-        records = [read_export(Path(p)) for p in paths]
+        records = [read_export(Path(p), files) for p in paths]
     elif name is None:
         records = [read_gate(Path(p)) for p in paths]
     else:

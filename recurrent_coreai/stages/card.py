@@ -173,7 +173,9 @@ def main(argv=None) -> int:
     s, cfg = stage.setup("card", ns)
     # every input checked against the record of the stage that wrote it (pipeline/records.py)
     read_vocab(Path(ns.vocab))
-    ctx = context(ns.model, s, read_manifest(Path(ns.source)), by_recipe(ns.exports, EXPORT), by_recipe(ns.gates),
+    # the manifest as the source stage sealed it (the card reads its digests, not the weights)
+    ctx = context(ns.model, s, read_manifest(Path(ns.source), files=False), by_recipe(ns.exports, EXPORT, files=False),
+                  by_recipe(ns.gates),
                   Path(ns.source), read_toolchain(Path(ns.toolchain))["versions"], Path(ns.vocab),
                   build_date(origin(cfg)))
     existing = ns.curated[0].read_text(encoding="utf-8") if ns.curated else None

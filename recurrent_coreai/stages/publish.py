@@ -26,8 +26,8 @@ from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import IGNORED, atomic_path, first_difference, sha256_file, tree_manifest
 from recurrent_coreai.pipeline.paths import published_folders
 from recurrent_coreai.pipeline.records import (AOT, RECEIPT, read_aot, read_card, read_doctor, read_export, read_gate,
-                                              read_manifest, read_stream, read_toolchain, read_vocab, seal_card,
-                                              sealed_text, unseal_card)
+                                              read_manifest, read_stream, read_toolchain, read_vocab, sealed_text,
+                                              unseal_card)
 
 
 def _link_tree(src: Path, dst: Path) -> None:
@@ -159,9 +159,10 @@ def stage_tree(out: Path, card: Path, vocab: Path, exports: list[Path], aots: li
     from recurrent_coreai.hub import signing
 
     results = check_gates(gates, tsvs)
-    card_text = seal_card(read_card(card))  # the card stage's bytes, as it recorded them
+    # the card stage's bytes, as it recorded them; staged (and published) without its seal line
+    card_text = read_card(card)
     with atomic_path(out, directory=True) as tmp:
-        _link_tree(card, tmp / "README.md")
+        (tmp / "README.md").write_text(card_text, encoding="utf-8", newline="\n")
         records, checks = _stage_exports(tmp, exports, results, dict(zip(results, gates)))
         folders, aot_checks = _stage_aots(tmp, aots, vocab, results, records)
         staged = tree_manifest(tmp)
@@ -250,10 +251,10 @@ def push(out: Path, receipt: dict, repo: str, message: str, token: str) -> dict:
         for rel in receipt["files"]:
             if rel != "README.md":
                 _link_tree(out / rel, view / rel)
-        card = unseal_card((out / "README.md").read_text(encoding="utf-8"))  # the seal is the card stage's, local
+        card = (out / "README.md").read_text(encoding="utf-8")  # staged without the card stage's seal
         head = remote_head(repo, token)  # merge into the card at this commit, and commit on top of it
         existing = remote_card(repo, token, head) if head else None
-        (view / "README.md").write_text(merge(existing, card), encoding="utf-8")
+        (view / "README.md").write_text(merge(unseal_card(existing) if existing else None, card), encoding="utf-8")
         staged = {rel: v for rel, v in tree_manifest(view).items() if rel != "README.md"}
         bad = first_difference(staged, {rel: v for rel, v in receipt["files"].items() if rel != "README.md"})
         if bad:  # the staged bundle must still be the gated bytes at the moment of upload
