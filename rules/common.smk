@@ -80,3 +80,18 @@ onsuccess:
 onerror:
     # Jobs that finished before the failure are recorded too; a failed job leaves no output.
     shell(f"python scripts/dvc_record.py --config-file {CONFIG_FILE} --since {RUN_START!r} || true")
+
+
+onstart:
+    # Under the SLURM executor (profiles/slurm): the cluster must answer before any job is
+    # submitted or any output of a --forcerun job is deleted (they are deleted when a job starts).
+    if getattr(workflow.executor_plugin, "name", None) == "slurm":
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("check_cluster", "profiles/slurm/check_cluster.py")
+        check_cluster = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(check_cluster)
+        defaults = workflow.resource_settings.default_resources
+        partition = defaults["slurm_partition"].raw if defaults and "slurm_partition" in defaults else None
+        status = getattr(workflow.executor_settings, "status_command", None) or "sacct"
+        exit_on_error(lambda: check_cluster.check(str(partition).strip("'\"") if partition else None, status))

@@ -3,8 +3,6 @@ rule stage_and_push:
     # uploads in one commit when publish.push is on and HF_TOKEN is set.
     input:
         unpack(lambda w: stage_inputs(publish_inputs, w)),
-        # not read: publish waits for the lint, so a bundle coreai doctor rejects is never pushed
-        doctors=lambda w: [str(doctor_json(Layout(RES, w.model), r)) for r in config["models"][w.model]["recipes"]],
     output:
         directory(str(OUT.publish)),
     params:
@@ -19,4 +17,5 @@ rule stage_and_push:
         "python scripts/publish.py --config-file {params.config_file} --model {wildcards.model} "
         "--source {input.source} --card {input.card} --vocab {input.vocab} "
         "--toolchain {input.toolchain} --exports {input.exports} --gates {input.gates} "
-        "--aots {input.aots} --out {output} --log {log}"
+        "--aots {input.aots} --tsvs {input.tsvs} --reference {input.reference} --doctors {input.doctors} "
+        "--out {output} --log {log}"

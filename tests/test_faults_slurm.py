@@ -65,3 +65,34 @@ def test_a_missing_partition_and_accounting_that_does_not_answer(bindir, capsys)
     assert check_cluster.main(["main"]) == 1
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("error: SLURM (--profile profiles/slurm): ")
+
+
+def test_snakemake_with_the_slurm_profile_stops_before_submitting_or_deleting(tmp_path, tiny_results):
+    """The real entry point: `snakemake --profile profiles/slurm --forcerun card publish` on a built
+    tree where SLURM does not answer: one error line, exit 1, the card (a --forcerun output) still
+    there, sbatch never called (the Snakefile's onstart runs the check before any job starts)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from repo_copies import fresh_copy
+
+    repo = fresh_copy(tmp_path / "repo")
+    shutil.copytree(tiny_results, repo / "results")
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    for name in ("sinfo", "sacct", "squeue"):
+        fake(bins, name, 'echo "$0: error: Could not establish a configuration source" >&2; exit 1')
+    fake(bins, "sbatch", f'echo called >> {tmp_path}/sbatch.calls; exit 1')
+    card = repo / "results" / "rwkv7-tiny" / "card" / "README.md"
+    before = card.read_bytes()
+    env = {**os.environ, "PATH": f"{bins}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}/usr/bin{os.pathsep}/bin",
+           "PYTHONPATH": str(repo)}
+    proc = subprocess.run(["snakemake", "--profile", "profiles/slurm", "--forcerun", "card", "publish"], cwd=repo,
+                          env=env, capture_output=True, text=True, timeout=300)
+    out = (proc.stdout + proc.stderr).strip().splitlines()
+    errors = [ln for ln in out if ln.startswith("error:")]
+    assert proc.returncode == 1
+    assert errors == [out[-1]] and "SLURM (--profile profiles/slurm): the cluster does not answer" in out[-1]
+    assert "nothing was submitted or deleted" in out[-1]
+    assert card.read_bytes() == before and not (tmp_path / "sbatch.calls").exists()

@@ -32,6 +32,10 @@ class Layout:
     def gate_tsv(self, recipe: str) -> Path:
         return self.base / "gate" / f"{recipe}.tsv"
 
+    def doctor_json(self, recipe: str) -> Path:
+        """coreai doctor's reports for a recipe, beside its gate result."""
+        return self.base / "gate" / f"{recipe}.doctor.json"
+
     def log(self, name: str) -> Path:
         """Per-job log: ``results/logs/<model>/<name>.log``."""
         return self.root / "logs" / self.base.name / f"{name}.log"
@@ -60,7 +64,10 @@ def card_inputs(lay: Layout, recipes: list[str], targets: list[str] = ()) -> dic
 
 def publish_inputs(lay: Layout, recipes: list[str], targets: list[str]) -> dict[str, Path | list[Path]]:
     return {**card_inputs(lay, recipes, targets), "card": lay.card,
-            "aots": [lay.aot(t, r) for t in targets for r in recipes]}
+            "aots": [lay.aot(t, r) for t in targets for r in recipes],
+            # checked against their stages' records before anything is staged (publish waits for the lint)
+            "tsvs": [lay.gate_tsv(r) for r in recipes], "reference": lay.reference,
+            "doctors": [lay.doctor_json(r) for r in recipes]}
 
 
 def as_args(inputs: dict[str, Path | list[Path]]) -> list[str]:

@@ -29,7 +29,7 @@ FIX_TOOL = "pip install -r requirements.txt (coreai-cli is pinned there)"
 
 def doctor_json(lay: Layout, recipe: str) -> Path:
     """``results/<m>/gate/<recipe>.doctor.json``: beside the recipe's gate result."""
-    return lay.base / "gate" / f"{recipe}.doctor.json"
+    return lay.doctor_json(recipe)
 
 
 def tool_version() -> str:
