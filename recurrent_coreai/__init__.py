@@ -11,5 +11,5 @@ __version__ = "0.1.0"
 DISTRIBUTION = "recurrent-coreai"  # the package's distribution name (pyproject.toml)
 
 # Before anything loads coreai's Swift runtime: its dictionaries (metadata.json key order) hash
-# with a per-process seed otherwise. reproducible.py checks the loaded runtime took it.
+# with a per-process seed otherwise. coreai/reproducible/swift.py checks the loaded runtime took it.
 _os.environ.setdefault("SWIFT_DETERMINISTIC_HASHING", "1")
