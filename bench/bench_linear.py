@@ -4,10 +4,12 @@
     python bench/bench_linear.py [--shapes 0.1b 1.5b-w2] [--recipes fp32 fp16 int8keepproj]
                                  [--forms linear wxt] [--main-calls 5] [--prefill-calls 3] [--profile]
 
-Every linear of the export graph goes through ``export_graph.linear(mod, x)``. This bench swaps
-that one function for each form of ``--forms`` and, per shape x recipe x form, exports the
-bundle the export stage would (``export.convert``: main + prefill, T = 64, quantised per
-linear as ``export.load_module`` does, and the decode function alone for the size baseline),
+RWKV-7 only: it swaps the helper the RWKV-7 export graph calls (``families/rwkv7/export_graph``'s
+module-level ``linear``, i.e. ``coreai.layers.linear``) and builds RWKV-7 shapes. Every linear of
+that graph goes through ``linear(mod, x)``. This bench swaps that one function for each form of
+``--forms`` and, per shape x recipe x form, exports the bundle the export stage would
+(``coreai.convert.convert``: main + prefill, T = 64, quantised per linear as
+``stages.export.load_module`` does, and the decode function alone for the size baseline),
 lowers it (universal) and times ``main`` (T = 1) and ``prefill`` (T = 64) in the runtime in
 process CPU seconds per call (median of the timed calls, after one untimed call of each;
 the runtime runs on the calling thread, so this is the work itself even when other jobs share
@@ -35,7 +37,7 @@ Forms:
 With ``--linears OUTxIN …`` it times ONE linear per recipe, ``--tokens`` T and form instead
 (a stateless bundle; ``--main-calls`` timed calls each).
 
-Shapes: ``0.1b`` (12 layers x 768, ffn 3072, vocab 65536) and ``1.5b-wN`` (N layers of the
+Shapes: ``tiny`` (config.yaml's rwkv7-tiny, 2 x 128: a smoke run), ``0.1b`` (12 layers x 768, ffn 3072, vocab 65536) and ``1.5b-wN`` (N layers of the
 1.5B width: hidden 2048, ffn 8192, LoRA 96/96/64/256, with the 65536 x 2048 embeddings and
 lm_head). Synthetic weights (recurrent_coreai.families.rwkv7.synthetic). Results go to bench/out/linear.json
 (merged with what is there, keyed by shape/recipe/form).
@@ -61,12 +63,17 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_prefill import op_profile  # noqa: E402
 
-from recurrent_coreai.stages import export  # noqa: E402
-from recurrent_coreai.families.rwkv7 import export_graph
-from recurrent_coreai.coreai import quantize
+from recurrent_coreai import families  # noqa: E402
+from recurrent_coreai.coreai import quantize  # noqa: E402
+from recurrent_coreai.coreai.convert import (bundle_bytes, check_quantized, convert,  # noqa: E402
+                                             map_large_allocations, trim_heap)
 from recurrent_coreai.coreai.runtime import PromptSession, lower_universal  # noqa: E402
-from recurrent_coreai.families.rwkv7.export_graph import RWKV7Decode, build_decode  # noqa: E402
+from recurrent_coreai.families.rwkv7 import export_graph  # noqa: E402
+from recurrent_coreai.families.rwkv7.export_graph import RWKV7Decode  # noqa: E402
 from recurrent_coreai.families.rwkv7.geometry import Geometry  # noqa: E402
+from recurrent_coreai.stages.export import DTYPES  # noqa: E402
+
+FAMILY = families.get("rwkv7")
 
 CHUNK = 64
 SEED = 1
@@ -99,25 +106,34 @@ FORMS = {
 
 
 def geometry(name: str) -> Geometry:
+    if name == "tiny":  # config.yaml's rwkv7-tiny (2 x 128): a smoke run
+        import yaml
+
+        shape = yaml.safe_load((ROOT / "config.yaml").read_text())["models"]["rwkv7-tiny"]["source"]["shape"]
+        return FAMILY.geometry_from_shape(shape, "config.yaml")
     if name == "0.1b":
         return Geometry(layers=12, hidden=768, head_dim=64, ffn=3072, vocab=65536, decay_lora=64, a_lora=64,
                         v_lora=32, gate_lora=128)
     if name.startswith("1.5b-w"):
         return Geometry(layers=int(name.removeprefix("1.5b-w")), hidden=2048, head_dim=64, ffn=8192, vocab=65536,
                         decay_lora=96, a_lora=96, v_lora=64, gate_lora=256)
-    raise SystemExit(f"error: --shapes: unknown shape {name!r} -- fix: use 0.1b or 1.5b-wN")
+    raise SystemExit(f"error: --shapes: unknown shape {name!r} -- fix: use tiny, 0.1b or 1.5b-wN")
 
 
-def build(sd: dict, g: Geometry, recipe: dict) -> tuple[RWKV7Decode, list[dict]]:
-    """As export.load_module, from an in-memory state dict."""
-    dtype = export.DTYPES[recipe["dtype"]]
+def states(g: Geometry) -> tuple[str, ...]:
+    return tuple(s.name for s in FAMILY.state_specs(g))
+
+
+def build(sd: dict, g: Geometry, recipe: dict, recipe_name: str = "?") -> tuple[RWKV7Decode, list[dict]]:
+    """As stages.export.load_module, from an in-memory state dict."""
+    dtype = DTYPES[recipe["dtype"]]
     q = recipe.get("quantize")
     if not q:
-        return build_decode(sd, g, dtype), []
-    with torch.device("meta"):
-        layers = quantize.plan(RWKV7Decode(g, dtype), q, recipe["dtype"])
-    chosen = set(quantize.chosen(layers, q))
-    module = build_decode(sd, g, dtype, lambda n, lin: quantize.quantize_linear(lin, q) if n in chosen else lin)
+        return FAMILY.build_decode(sd, g, dtype), []
+    q = quantize.resolve_roles(q, FAMILY.roles, recipe_name)
+    layers = quantize.plan(FAMILY.decode_skeleton(g, dtype), q, recipe["dtype"])
+    chosen = set(quantize.chosen(layers, q, recipe_name))
+    module = FAMILY.build_decode(sd, g, dtype, lambda n, lin: quantize.quantize_linear(lin, q) if n in chosen else lin)
     quantize.check_done(module, sorted(chosen))
     return module, layers
 
@@ -155,22 +171,22 @@ def cpu_per_call(fn, n: int) -> list[float]:
 
 def run_one(shape: str, g: Geometry, sd: dict, recipe_name: str, recipe: dict, form: str, tmp: Path, ns) -> dict:
     export_graph.linear = FORMS[form]
-    module, layers = build(sd, g, recipe)
+    module, layers = build(sd, g, recipe, recipe_name)
     prompt, steps = inputs(g, ns.check_steps)
     eager = eager_logits(module, prompt, steps) if ns.eager else None
     bundle = tmp / f"{shape}-{recipe_name}-{form}.aimodel"
     t0 = time.perf_counter()
-    converted = export.convert(module, bundle, CHUNK, decode_only=ns.decode_only, release=True)
+    converted = convert(FAMILY, module, bundle, CHUNK, states(g), decode_only=ns.decode_only, release=True)
     export_s = time.perf_counter() - t0
     del module
-    export.trim_heap()
-    export.check_quantized(converted["functions"], layers, recipe_name)
+    trim_heap()
+    check_quantized(converted["functions"], layers, recipe_name)
     lowered = tmp / f"{shape}-{recipe_name}-{form}.aimodelx"
     lowered.mkdir()
     lower_universal(bundle, lowered)
     row = {"shape": shape, "recipe": recipe_name, "form": form, "export_s": round(export_s, 1),
-           "bundle_bytes": export.bundle_bytes(bundle), "bundle_bytes_decode_only": converted["size_bytes_decode_only"],
-           "lowered_bytes": export.bundle_bytes(lowered),
+           "bundle_bytes": bundle_bytes(bundle), "bundle_bytes_decode_only": converted["size_bytes_decode_only"],
+           "lowered_bytes": bundle_bytes(lowered),
            "state_writes": {n: f["state_writes"] for n, f in converted["functions"].items()},
            "quantized_weights": {n: f["quantized_weights"] for n, f in converted["functions"].items()},
            "planned_quantized": sum(r["action"].startswith("int") for r in layers)}
@@ -210,7 +226,7 @@ def one_linear(out_f: int, in_f: int, recipe_name: str, recipe: dict, T: int, fo
     import coreai_torch
 
     torch.manual_seed(0)
-    dtype = export.DTYPES[recipe["dtype"]]
+    dtype = DTYPES[recipe["dtype"]]
     lin = torch.nn.Linear(in_f, out_f, bias=False).to(dtype)
     if recipe.get("quantize"):
         lin = quantize.quantize_linear(lin, recipe["quantize"])
@@ -230,7 +246,7 @@ def one_linear(out_f: int, in_f: int, recipe_name: str, recipe: dict, T: int, fo
     y = np.asarray(loop.run_until_complete(fn(inputs={"x": xin}))["y"].numpy()).astype(np.float32)
     times = cpu_per_call(lambda: loop.run_until_complete(fn(inputs={"x": xin})), n)
     row = {"linear": f"{out_f}x{in_f}", "recipe": recipe_name, "T": T, "form": form,
-           "cpu_ms": round(1e3 * statistics.median(times), 2), "bundle_bytes": export.bundle_bytes(bundle),
+           "cpu_ms": round(1e3 * statistics.median(times), 2), "bundle_bytes": bundle_bytes(bundle),
            "max_abs_diff_vs_eager": float(np.abs(y - ref).max())}
     fn = model = None
     loop.close()
@@ -261,7 +277,7 @@ def main() -> None:
     ns = ap.parse_args()
     recipes = yaml.safe_load((ROOT / "config.yaml").read_text())["recipes"]
     torch.set_num_threads(1)
-    export.map_large_allocations()
+    map_large_allocations()
     results = json.loads(OUT.read_text()) if OUT.is_file() else {}
     if ns.linears:
         with tempfile.TemporaryDirectory(dir=ns.tmp) as tmp:
@@ -281,7 +297,7 @@ def main() -> None:
             g = geometry(shape)
             sd = synthetic_sd(g)
             export_graph.linear = FORMS["linear"]
-            ref32 = eager_logits(build_decode(sd, g, torch.float32), *inputs(g, ns.check_steps)) if ns.eager else None
+            ref32 = eager_logits(FAMILY.build_decode(sd, g, torch.float32), *inputs(g, ns.check_steps)) if ns.eager else None
             for r in ns.recipes:
                 rows = [run_one(shape, g, sd, r, recipes[r], f, Path(tmp), ns) for f in ns.forms]
                 base = rows[0]

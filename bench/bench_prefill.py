@@ -2,12 +2,13 @@
 """Prompt ingestion in the Core AI runtime: the ``main`` loop (one token per call) against the
 chunked ``prefill`` entry point (T tokens per call), both functions in ONE bundle, same run.
 
-    python bench/bench_prefill.py [--models tiny 0.1b] [--chunks 16 64 128] [--prompt 512]
+    python bench/bench_prefill.py [--family rwkv7] [--models tiny 0.1b] [--chunks 16 64 128] [--prompt 512]
                                   [--main-tokens tiny=512 0.1b=32] [--dtype float32] [--profile]
 
-Per model and chunk T: the export stage's conversion (``export.convert``: every entry point of
-``entrypoints.ENTRY_POINTS`` in one ``.aimodel``, and the decode function alone for the size
-baseline), lowered, both functions loaded over shared states (``coreai_runtime.PromptSession``),
+``--family`` (rwkv7, rwkv6, mamba2): ``tiny`` is config.yaml's ``<family>-tiny`` model; ``0.1b``
+(12 x 768, the RWKV-7 0.1B geometry) exists for rwkv7 only. Per model and chunk T: the export
+stage's conversion (``coreai.convert.convert``: every entry point of ``entrypoints.ENTRY_POINTS``
+in one ``.aimodel``, and the decode function alone for the size baseline), lowered, both functions loaded over shared states (``coreai_runtime.PromptSession``),
 the prompt fed through ``main`` token by token and through ``prefill`` + ``main`` (tail), tokens/s.
 A ``main`` step costs the same at every position (the state has a fixed size), so when
 ``--main-tokens`` is below the prompt length the main rate is measured on that many tokens
@@ -34,10 +35,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from recurrent_coreai.stages import export  # noqa: E402
+from recurrent_coreai import families  # noqa: E402
+from recurrent_coreai.coreai.convert import bundle_bytes, convert  # noqa: E402
 from recurrent_coreai.coreai.runtime import PromptSession, lower_universal  # noqa: E402
-from recurrent_coreai.families.rwkv7.export_graph import build_decode  # noqa: E402
-from recurrent_coreai.families.rwkv7.geometry import Geometry  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------------
@@ -80,26 +80,29 @@ def _print_profile(name: str, T: int, prof: dict[str, dict[str, float]]) -> None
         print(f"  profile {name} T={T} {fn}: {ops['total']:.0f} ms per call; top op kinds (ms): {top}", flush=True)
 
 
-def geometry(name: str) -> tuple[Geometry, int]:
-    """(shape, seed): the default tiny model of config.yaml, or a 0.1B-shaped synthetic one
-    (RWKV-7 0.1B: 12 layers, C 768, ffn 3072, LoRA dims 64/64/32/128)."""
+RWKV7_0_1B = {"layers": 12, "hidden": 768, "head_dim": 64, "ffn": 3072, "vocab": 65536, "decay_lora": 64,
+              "a_lora": 64, "v_lora": 32, "gate_lora": 128}
+
+
+def geometry(family, name: str):
+    """(geometry, seed): config.yaml's ``<family>-tiny`` model, or (rwkv7 only) a 0.1B-shaped
+    synthetic one (RWKV-7 0.1B: 12 layers, C 768, ffn 3072, LoRA dims 64/64/32/128)."""
     import yaml
 
     if name == "tiny":
-        spec = yaml.safe_load((ROOT / "config.yaml").read_text())["models"]["rwkv7-tiny"]["source"]
-        return Geometry(**spec["shape"]), int(spec["seed"])
-    if name == "0.1b":
-        return Geometry(layers=12, hidden=768, head_dim=64, ffn=3072, vocab=65536, decay_lora=64, a_lora=64,
-                        v_lora=32, gate_lora=128), 1
-    raise SystemExit(f"error: --models: unknown model {name!r} -- fix: use tiny or 0.1b")
+        spec = yaml.safe_load((ROOT / "config.yaml").read_text())["models"][f"{family.name}-tiny"]["source"]
+        return family.geometry_from_shape(spec["shape"], "config.yaml"), int(spec["seed"])
+    if name == "0.1b" and family.name == "rwkv7":
+        return family.geometry_from_shape(RWKV7_0_1B, "bench_prefill.py"), 1
+    raise SystemExit(f"error: --models: unknown model {name!r} for family {family.name} -- fix: use tiny"
+                     + (" or 0.1b" if family.name == "rwkv7" else ""))
 
 
-def bench_model(name: str, chunks: list[int], n_prompt: int, n_main: int, dtype: torch.dtype, tmp: Path,
+def bench_model(family, name: str, chunks: list[int], n_prompt: int, n_main: int, dtype: torch.dtype, tmp: Path,
                 profile: bool = False) -> list[dict]:
-    from recurrent_coreai.families.rwkv7.synthetic import synthetic_state_dict
-
-    g, seed = geometry(name)
-    decode = build_decode(synthetic_state_dict(g, seed), g, dtype)
+    g, seed = geometry(family, name)
+    decode = family.build_decode(family.synthetic_tensors(g, seed), g, dtype).eval()
+    states = tuple(s.name for s in family.state_specs(g))
     prompt = torch.randint(1, g.vocab, (n_prompt,), generator=torch.Generator().manual_seed(7)).tolist()
     n_main = min(n_main, n_prompt)
     rows, main_rate, main_logits = [], None, None
@@ -108,14 +111,14 @@ def bench_model(name: str, chunks: list[int], n_prompt: int, n_main: int, dtype:
             raise SystemExit(f"error: --prompt {n_prompt} is not a multiple of chunk {T} -- fix: choose a multiple")
         t0 = time.perf_counter()
         bundle = tmp / f"T{T}.aimodel"
-        converted = export.convert(decode, bundle, T)
+        converted = convert(family, decode, bundle, T, states)
         export_s = time.perf_counter() - t0
         lowered = tmp / f"T{T}.aimodelx"
         lowered.mkdir()
         lower_universal(bundle, lowered)
-        size, decode_only = export.bundle_bytes(bundle), converted["size_bytes_decode_only"]
+        size, decode_only = bundle_bytes(bundle), converted["size_bytes_decode_only"]
         writes = {n: f["state_writes"] for n, f in converted["functions"].items()}
-        with PromptSession(lowered, converted) as s:
+        with PromptSession(lowered, {**converted, "bundle": bundle.name}) as s:
             if main_rate is None:  # the decode graph is the same in every bundle: time it once
                 with Clock() as c:
                     for tok in prompt[:n_main]:
@@ -129,7 +132,7 @@ def bench_model(name: str, chunks: list[int], n_prompt: int, n_main: int, dtype:
             pre_rate = c.rates(n_prompt)
             prof = ({s.function: op_profile(s, s.function, 1), s.prefill_function: op_profile(s, s.prefill_function, T)}
                     if profile else None)
-        rows.append({"model": name, "chunk": T, "state_writes": writes,
+        rows.append({"family": family.name, "model": name, "chunk": T, "state_writes": writes,
                      "export_and_convert_s": round(export_s, 1),
                      "bundle_main_only_bytes": decode_only, "bundle_bytes": size, "size_ratio": round(size / decode_only, 4),
                      "main_tok_s": main_rate, "main_tokens_fed": n_main, "prefill_tok_s": pre_rate,
@@ -176,7 +179,8 @@ def _row(r: dict, n_prompt: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", nargs="+", default=["tiny", "0.1b"])
+    ap.add_argument("--family", default="rwkv7", choices=families.available())
+    ap.add_argument("--models", nargs="+", default=None, help="tiny and (rwkv7 only) 0.1b; default: both / tiny")
     ap.add_argument("--chunks", nargs="+", type=int, default=[16, 64, 128])
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--main-tokens", nargs="+", default=["tiny=512", "0.1b=32"],
@@ -186,20 +190,22 @@ def main() -> None:
     ns = ap.parse_args()
     n_main = {k: int(v) for k, v in (item.split("=") for item in ns.main_tokens)}
     dtype = {"float32": torch.float32, "float16": torch.float16}[ns.dtype]
-    print(f"prompt {ns.prompt} tokens, {ns.dtype}, Core AI Linux runtime (one core); "
+    family = families.get(ns.family)
+    models = ns.models or (["tiny", "0.1b"] if family.name == "rwkv7" else ["tiny"])
+    print(f"family {family.name}, prompt {ns.prompt} tokens, {ns.dtype}, Core AI Linux runtime (one core); "
           f"|dlogit| = last logits, prefill path vs main path")
     print(HEADER, flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in ns.models:
+        for name in models:
             d = Path(tmp) / name
             d.mkdir()
-            rows += bench_model(name, ns.chunks, ns.prompt, n_main.get(name, ns.prompt), dtype, d, ns.profile)
+            rows += bench_model(family, name, ns.chunks, ns.prompt, n_main.get(name, ns.prompt), dtype, d, ns.profile)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {peak:.0f} MB")
     out = ROOT / "bench" / "out" / "prefill.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"prompt": ns.prompt, "dtype": ns.dtype, "rows": rows, "peak_rss_mb": round(peak)},
+    out.write_text(json.dumps({"family": family.name, "prompt": ns.prompt, "dtype": ns.dtype, "rows": rows, "peak_rss_mb": round(peak)},
                               indent=2) + "\n")
 
 
