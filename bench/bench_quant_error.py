@@ -4,7 +4,9 @@
     python bench/bench_quant_error.py --source DIR --stream stream.npz [--recipe int8keepproj]
                                       [--steps N] [--variants all head ffn noise ...] [--json PATH]
 
-``DIR`` is a source stage output (model.safetensors + config.json) and ``stream.npz`` the
+RWKV-7 only (it swaps weights inside the RWKV-7 fp32 reference; for RWKV-6 and Mamba-2 see
+tests/families/rwkv6_quant_error.py and mamba2_quant_error.py). ``DIR`` is a source stage output
+of an rwkv7 model (model.safetensors + config.json) and ``stream.npz`` the
 reference stage's stream for it (results/<model>/reference/stream.npz): the tokens fed at each
 step and the fp32 logits that came out. Each variant replaces some weights and feeds the same
 tokens (teacher forcing, state reset where the stream starts a prompt), then compares its logits
@@ -39,9 +41,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from recurrent_coreai.coreai import quantize  # noqa: E402
+from recurrent_coreai import families  # noqa: E402
 from recurrent_coreai.checkpoints.reader import load_checkpoint  # noqa: E402
+from recurrent_coreai.coreai import quantize  # noqa: E402
 from recurrent_coreai.families.rwkv7.reference import Reference  # noqa: E402
+
+FAMILY = families.get("rwkv7")
 
 
 def fake_quant(w: torch.Tensor, bits: int, block: int) -> torch.Tensor:
@@ -115,10 +120,14 @@ def main() -> None:
     ns = ap.parse_args()
 
     q = yaml.safe_load((ROOT / "config.yaml").read_text())["recipes"][ns.recipe]["quantize"]
+    q = quantize.resolve_roles(q, FAMILY.roles, ns.recipe)  # a recipe by roles -> RWKV-7's patterns
     stream = dict(np.load(ns.stream))
     steps = ns.steps or len(stream["tokens"])
-    geom, weights = load_checkpoint(ns.source)
-    ref = Reference(weights, geom, torch.float32)
+    geom, weights = load_checkpoint(ns.source, family=FAMILY)
+    ref = FAMILY.reference(weights, geom, torch.float32)
+    if not isinstance(ref, Reference):
+        raise SystemExit("error: the rwkv7 family's reference is not families.rwkv7.reference.Reference -- "
+                         "fix: update bench_quant_error.py to the family's reference")
     base = dict(ref.w)
     L = geom.layers
     groups = {

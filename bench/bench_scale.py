@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Export and AOT at scale (default: the 1.5B geometry with synthetic weights): time, peak RSS, size.
 
+Any family: ``--model`` is any model of config.yaml (e.g. rwkv6-1.6b-shape, mamba2-1.3b-shape,
+or rwkv7-tiny for a smoke run); ``ideal`` comes from the family's parameter count.
+
     python bench/bench_scale.py [--model rwkv7-1.5b-shape] [--recipes fp16 int8keepproj]
                                 [--cache bench/out/cache] [--gate-steps N] [--fresh-source | --source-only]
                                 [--json PATH]
@@ -34,7 +37,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from recurrent_coreai.families.rwkv7.geometry import Geometry, expected_shapes  # noqa: E402
+from recurrent_coreai import families  # noqa: E402
 
 BYTES = {"float16": 2, "float32": 4}
 SCALE_BYTES = 2  # one fp16 scale per block of a quantised weight
@@ -55,10 +58,9 @@ def run(args: list[str], what: str, check: bool = True) -> tuple[float, float, i
     return seconds, usage.ru_maxrss / 1024, code, usage.ru_utime + usage.ru_stime, "".join(last)
 
 
-def ideal_bytes(record: dict) -> int:
+def ideal_bytes(family, record: dict) -> int:
     """The weights of an export.json's bundle at its recipe's precision (see the module doc)."""
-    g = Geometry(**record["geometry"])
-    total = sum(math.prod(s) for s in expected_shapes(g).values())
+    total = family.parameter_count(family.geometry_from_dict(record["geometry"]))
     per = BYTES[record["recipe_spec"]["dtype"]]
     q = record["recipe_spec"].get("quantize") or {}
     quantised = 0.0
@@ -104,6 +106,7 @@ def main() -> None:
     if ns.model not in cfg["models"]:
         sys.exit(f"error: {ns.config_file}: no model {ns.model!r} -- fix: use one of {sorted(cfg['models'])}")
     recipes = ns.recipes or cfg["models"][ns.model]["recipes"]
+    family = families.get(cfg["models"][ns.model]["family"], ns.config_file)
     cache = ns.cache.resolve()
     cache.mkdir(parents=True, exist_ok=True)
     src, made = source(ns.config_file, ns.model, cache, fresh=ns.fresh_source or ns.source_only)
@@ -135,7 +138,7 @@ def main() -> None:
                                                          "--export", str(exp), "--out", str(low)], f"aot {r}",
                                                         check=False)  # the export's numbers still count
             row = {"recipe": r, "export_s": round(exp_s, 1), "export_peak_rss_mb": round(exp_rss),
-                   "bundle_bytes": record["size_bytes"], "ideal_bytes": ideal_bytes(record),
+                   "bundle_bytes": record["size_bytes"], "ideal_bytes": ideal_bytes(family, record),
                    "rss_over_bundle": round(exp_rss * 2**20 / record["size_bytes"], 2),
                    "aot_s": round(aot_s, 1), "aot_peak_rss_mb": round(aot_rss),
                    "mlirb_sha256": record["files"]["main.mlirb"]["sha256"]}
