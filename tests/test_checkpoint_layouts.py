@@ -21,7 +21,7 @@ from recurrent_coreai.families.rwkv7 import layouts as rwkv7_layouts
 from recurrent_coreai.pipeline.config import load as load_config
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.families.rwkv7.geometry import Geometry, expected_shapes
-from recurrent_coreai.pipeline.records import read_manifest
+from recurrent_coreai.pipeline.records import SEAL, read_manifest
 from recurrent_coreai.stages.source import build_source
 from recurrent_coreai.families.rwkv7.synthetic import pack_mixers, synthetic_state_dict, write_weights
 
@@ -110,7 +110,8 @@ def test_build_source_path(sd, vocab_cfg, layout, tmp_path):
     assert manifest["normalized_to"] == "fla-split"
     assert manifest["geometry"] == G.as_dict()
     assert manifest["source"]["kind"] == "path"
-    assert read_manifest(out) == manifest
+    written = read_manifest(out)  # checked: its seal and every file's digest
+    assert written.pop(SEAL)["stage"] == "source" and written == manifest
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
     assert not list(out.glob("*.pth"))
     assert json.loads((out / "config.json").read_text())["hidden_size"] == G.hidden
