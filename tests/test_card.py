@@ -18,6 +18,7 @@ import yaml
 
 from recurrent_coreai.stages import card as c
 from recurrent_coreai.stages import cli
+from recurrent_coreai.pipeline import records
 from recurrent_coreai.pipeline.paths import stage_args
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -49,10 +50,17 @@ def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def write_record(path: Path, data: dict) -> None:
+    """A hand-made record, sealed by the stage that sealed the record it replaces (the integrity
+    chain: the card refuses an unsealed or edited record, see test_an_edited_record_is_refused)."""
+    stage = read_json(path)[records.SEAL]["stage"]
+    records.write_sealed(path, data, stage)
+
+
 def edit_json(path: Path, **changes) -> dict:
     data = read_json(path)
     data.update(changes)
-    path.write_text(json.dumps(data, indent=2))
+    write_record(path, data)
     return data
 
 
@@ -121,7 +129,7 @@ def render_card(work, config: Path | None = None, *, out: Path | None = None, ca
         captured = capsys.readouterr()
         assert rc == 0, captured.err
     assert rc == 0
-    return out.read_text(encoding="utf-8")
+    return records.read_card(out)  # sealed by the card stage (checked); the card without its seal line
 
 
 def card_args(work, config: Path | None = None) -> list[str]:
@@ -192,6 +200,20 @@ def test_missing_metrics_is_a_one_line_error(work, capsys):
     assert not (work["tmp"] / "out" / "README.md").exists()
 
 
+def test_an_edited_record_is_refused(work, capsys):
+    """A gate result changed without its stage's seal (edited by hand) is a one-line error naming it."""
+    path = model_dir(work) / "gate" / "fp16.json"
+    data = read_json(path)
+    data["agree_counted"] -= 1
+    path.write_text(json.dumps(data, indent=2))
+    out = work["tmp"] / "out" / "README.md"
+    rc = cli.card(["--config-file", str(work["config"]), "--model", MODEL, *card_args(work), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.startswith(f"error: {path}: differs from what the gate stage recorded") \
+        and err.count("\n") == 1, err
+    assert not out.exists()
+
+
 def prefill_rows(card: str) -> dict[str, list[str]]:
     lines = block(card, "prefill").splitlines()
     header = lines.index("| recipe | prefill top-1 agreed / counted | max abs Δlogits | max abs Δstate | gate |")
@@ -204,7 +226,7 @@ def test_prefill_gate_results_come_from_the_gate(work, capsys):
     gate = read_json(path)
     gate["prefill"].update(agree_counted=5, counted=6, max_abs_dlogits=0.4567, max_abs_dstate=0.0123, tokens=77,
                            chunks=3, chunk=24, tail=5, **{"pass": False})
-    path.write_text(json.dumps(gate))
+    write_record(path, gate)
     card = render_card(work, capsys=capsys)
     rows = prefill_rows(card)
     assert list(rows) == RECIPES
@@ -223,7 +245,7 @@ def test_usage_documents_the_functions_recorded_in_export_json(work, capsys):
         record = read_json(path)
         record["functions"]["prefill"]["tokens_per_call"] = 48
         record["functions"]["prefill"]["inputs"][0]["shape"] = [1, 48]
-        path.write_text(json.dumps(record))
+        write_record(path, record)
     usage = block(render_card(work, capsys=capsys), "usage")
     fns = read_json(model_dir(work) / "export" / "fp32" / "export.json")["functions"]
     table = [line for line in usage.splitlines() if line.startswith("| `")]
@@ -240,7 +262,7 @@ def test_a_gate_result_without_the_prefill_check_is_refused(work, capsys):
     path = model_dir(work) / "gate" / "int8keepproj.json"
     gate = read_json(path)
     del gate["prefill"]
-    path.write_text(json.dumps(gate))
+    write_record(path, gate)
     out = work["tmp"] / "out" / "README.md"
     rc = cli.card(["--config-file", str(work["config"]), "--model", MODEL, *card_args(work), "--out", str(out)])
     err = capsys.readouterr().err
@@ -317,7 +339,7 @@ def test_base_model_is_named_for_a_hub_source(work, capsys):
     manifest_path = model_dir(work) / "source" / "manifest.json"
     manifest = read_json(manifest_path)
     manifest["source"] = {"kind": "hf", "uri": "hf://RWKV/RWKV7-Goose-World3-1.5B-HF", "revision": "a" * 40}
-    manifest_path.write_text(json.dumps(manifest))
+    write_record(manifest_path, manifest)
     card = render_card(work, capsys=capsys)
     meta = front_matter(card)
     assert meta["base_model"] == "RWKV/RWKV7-Goose-World3-1.5B-HF"
@@ -331,7 +353,7 @@ def test_quantized_recipe_lists_the_layers_kept_in_fp16(work, capsys):
     record = read_json(export_path)
     record["kept"].append({"action": "fp16", "layer": "model.layers.1.attn.sensitive_proj",
                            "reason": "kept for the test", "shape": [128, 128]})
-    export_path.write_text(json.dumps(record))
+    write_record(export_path, record)
 
     quant = block(render_card(work, capsys=capsys), "quantization")
     lines = [line for line in quant.splitlines() if line.strip()]
@@ -490,7 +512,8 @@ def test_card_cli_end_to_end(work, capsys):
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert captured.err == ""
-    card = out.read_text(encoding="utf-8")
+    card = records.read_card(out)  # the card stage's seal checked; the card above it
+    assert out.read_text(encoding="utf-8") == records.seal_card(card)  # the seal is the one last line
     assert list(out.parent.iterdir()) == [out]  # written atomically: no temporaries left beside it
     assert list(c.blocks(card)) == ["summary", "architecture", "recipes", "prefill", "quantization", "usage",
                                     "layout", "device-numbers", "provenance"]
