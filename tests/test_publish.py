@@ -20,6 +20,7 @@ import yaml
 from hubserver import HubServer, client_env, run_python
 from recurrent_coreai.stages import card as c
 from recurrent_coreai.stages import cli
+from recurrent_coreai.pipeline import records
 from recurrent_coreai.pipeline.paths import stage_args
 from recurrent_coreai.stages import publish as p
 
@@ -49,16 +50,19 @@ def _place(src: Path, dst: Path) -> None:
 
 
 def copy_results(dst: Path, recipes=RECIPES) -> Path:
-    """A results root holding what publish (and card) read for ``recipes``, including the snakemake
-    timestamps the real outputs carry; returns the root."""
+    """A results root holding what publish (and card) read for ``recipes`` -- publish also checks
+    the gate TSVs, the reference stream and the doctor results against their stages' records --
+    including the snakemake timestamps the real outputs carry; returns the root."""
     src, out = RESULTS / MODEL, dst / MODEL
-    parts = ["source", "vocab", "card"] + [f"export/{r}" for r in recipes] + [f"aot/{TARGET}/{r}" for r in recipes]
+    parts = (["source", "vocab", "card", "reference"] + [f"export/{r}" for r in recipes]
+             + [f"aot/{TARGET}/{r}" for r in recipes])
     for part in parts:
         for path in sorted((src / part).rglob("*")):
             if path.is_file():
                 _place(path, out / path.relative_to(src))
     for r in recipes:
-        _place(src / "gate" / f"{r}.json", out / "gate" / f"{r}.json")
+        for name in (f"{r}.json", f"{r}.tsv", f"{r}.doctor.json"):
+            _place(src / "gate" / name, out / "gate" / name)
     _place(RESULTS / "toolchain.json", dst / "toolchain.json")
     assert list(out.rglob(".snakemake_timestamp")), "the copy should carry the pipeline's timestamp files"
     return dst
@@ -83,8 +87,19 @@ def replace_file(path: Path, text: str) -> None:
     path.write_text(text)
 
 
+def replace_gate(path: Path, gate: dict) -> None:
+    """A hand-made gate result in place of ``path``, sealed as the gate stage seals its JSON (so
+    publish judges its verdict, not its seal)."""
+    replace_file(path, records.sealed_text(gate, "gate"))
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def staged_bytes(rel: str, src: Path) -> bytes:
+    """What publish stages at ``rel`` from ``src``: its bytes; the card checked and without its seal line."""
+    return records.read_card(src).encode() if rel == "README.md" else src.read_bytes()
 
 
 def all_files(root: Path) -> set[str]:
@@ -92,7 +107,8 @@ def all_files(root: Path) -> set[str]:
 
 
 def expected_tree(results: Path, recipes=RECIPES) -> dict[str, Path]:
-    """Staged path -> the results file it must be a copy of (README.md: the rendered card)."""
+    """Staged path -> the results file it must be a copy of (README.md: the rendered card, which is
+    staged without its seal line: see staged_bytes)."""
     lay = results / MODEL
     tree = {"README.md": lay / "card" / "README.md"}
     for r in recipes:
@@ -141,8 +157,9 @@ def test_staging_tree_layout(staged):
     expected = expected_tree(results)
     assert all_files(out) == set(expected) | statements() | {"publish.json"}
     for rel, src in expected.items():
-        assert (out / rel).stat().st_size == src.stat().st_size, rel
-        assert sha256(out / rel) == sha256(src), rel
+        assert (out / rel).read_bytes() == staged_bytes(rel, src), rel
+    assert (out / "README.md").read_text() == records.unseal_card(expected["README.md"].read_text())
+    assert records.CARD_SEAL.search(expected["README.md"].read_text())  # (the card stage's output is sealed)
     for r in RECIPES:
         bundle = f"{MODEL}-{r}"
         assert (out / "aimodel" / bundle / f"{bundle}.aimodel").is_dir()
@@ -178,8 +195,10 @@ def test_receipt_lists_every_staged_file_with_hashes_and_gates(staged):
     # the family (the catalog reads it) and the vocab stage's files, each staged beside every compiled bundle
     assert receipt["family"] == "rwkv7"
     vocab_files = sorted(q.name for q in (results / MODEL / "vocab").iterdir()  # less Snakemake's directory marker
-                         if q.is_file() and q.name != ".snakemake_timestamp")
-    assert receipt["tokenizer_files"] == vocab_files and "rwkv_vocab.tsv" in vocab_files
+                         if q.is_file() and q.name not in (".snakemake_timestamp", records.VOCAB_RECORD))
+    assert receipt["tokenizer_files"] == vocab_files == records.vocab_files(results / MODEL / "vocab")
+    assert "rwkv_vocab.tsv" in vocab_files
+    assert not [rel for rel in receipt["files"] if rel.endswith(records.VOCAB_RECORD)]  # the record is not staged
     for r in RECIPES:
         for name in vocab_files:
             assert f"{TARGET}/{MODEL}-{r}/{name}" in receipt["files"], (r, name)
@@ -218,7 +237,7 @@ def test_a_recipe_without_a_passing_gate_is_refused(tmp_path, no_token, capsys, 
     if problem == "fails":
         data = json.loads(gate.read_text())
         data.update({"pass": False, "agree_counted": 120, "reasons": ["top-1 agreement 120/127 < 1.0"]})
-        replace_file(gate, json.dumps(data))
+        replace_gate(gate, data)
     elif problem == "missing":
         gate.unlink()
     else:
@@ -229,6 +248,8 @@ def test_a_recipe_without_a_passing_gate_is_refused(tmp_path, no_token, capsys, 
     assert rc == 1
     assert err.startswith("error: ") and err.endswith("\n") and err.count("\n") == 1, err
     assert str(gate) in err and "fp16" in err
+    if problem == "fails":  # refused for its verdict (a sealed gate result), not for its record
+        assert "did not pass its gate" in err, err
     assert "Traceback" not in err
     assert not out.exists()
     assert not out.parent.exists() or list(out.parent.iterdir()) == []
@@ -257,7 +278,7 @@ def test_refusal_leaves_an_earlier_staging_tree_untouched(staged, capsys):
     gate = staged["results"] / MODEL / "gate" / "int8keepproj.json"
     data = json.loads(gate.read_text())
     data["pass"] = False
-    replace_file(gate, json.dumps(data))
+    replace_gate(gate, data)
     rc = cli.publish(["--config-file", str(staged["config"]), "--model", MODEL, *publish_args(staged["results"]),
                       "--out", str(out)])
     err = capsys.readouterr().err
@@ -268,10 +289,10 @@ def test_refusal_leaves_an_earlier_staging_tree_untouched(staged, capsys):
 
 def test_check_gates_reports_each_recipe(tmp_path):
     good = json.loads((RESULTS / MODEL / "gate" / "fp32.json").read_text())
-    (tmp_path / "a.json").write_text(json.dumps(good))
+    records.write_sealed(tmp_path / "a.json", good, "gate")
     verdicts = p.check_gates([tmp_path / "a.json"])
     assert verdicts["fp32"]["pass"] is True and verdicts["fp32"]["counted"] == good["counted"]
-    (tmp_path / "b.json").write_text(json.dumps({**good, "recipe": "fp16", "pass": "true"}))  # only a JSON true passes
+    records.write_sealed(tmp_path / "b.json", {**good, "recipe": "fp16", "pass": "true"}, "gate")  # only a JSON true passes
     with pytest.raises(p.PipelineError) as exc:
         p.check_gates([tmp_path / "a.json", tmp_path / "b.json"])
     assert exc.value.where == str(tmp_path / "b.json") and "fp16" in exc.value.what

@@ -22,7 +22,7 @@ from recurrent_coreai.stages import doctor
 from recurrent_coreai.stages import export
 from recurrent_coreai.stages import report
 from recurrent_coreai.pipeline.paths import Layout
-from recurrent_coreai.pipeline.records import read_export
+from recurrent_coreai.pipeline.records import read_export, write_sealed
 
 RESULTS = None  # the tiny results tree (conftest)
 M = "rwkv7-tiny"
@@ -138,13 +138,14 @@ def test_numbers_plots_and_card_in_chromium(inputs, page):
 
 
 def edited_gates(out: Path, edit) -> list[Path]:
-    """Every recipe's gate JSON of the build, passed through ``edit(recipe, gate)``, written to ``out``."""
+    """Every recipe's gate JSON of the build, passed through ``edit(recipe, gate)``, written to ``out``
+    sealed as the gate stage seals it (the report refuses a gate JSON its stage did not seal)."""
     paths = []
     for r in recipes():
         g = json.loads(Layout(RESULTS, M).gate_json(r).read_text())
         edit(r, g)
         paths.append(out / f"{r}.json")
-        paths[-1].write_text(json.dumps(g))
+        write_sealed(paths[-1], g, "gate")
     return paths
 
 
