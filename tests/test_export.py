@@ -76,7 +76,7 @@ def test_unknown_recipe_on_the_command_line(tiny_source, tmp_path, capsys, repo_
                      "--source", str(tiny_source), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip()
     assert rc == 1 and err == (f"error: {repo_root / 'config.yaml'}: unknown recipe 'int3' -- fix: use one of "
-                               "['fp16', 'fp32', 'int4keepproj', 'int8', 'int8keepproj']")
+                               "['fp16', 'fp32', 'int4keepproj', 'int8', 'int8keepproj', 'int8keepstate']")
 
 
 def test_conversion_error_is_one_line_and_leaves_nothing(tiny_source, tmp_path, monkeypatch, cfg):

@@ -50,6 +50,8 @@ def tree(tmp_path, repo_root, monkeypatch):
         shutil.copytree(repo_root / sub, root / sub, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(repo_root / "config.yaml", root / "config.yaml")
     cfg = yaml.safe_load((root / "config.yaml").read_text())
+    cfg["build"] = ["rwkv7-tiny"]  # the rows of this one model (the other families' tiny models are built too)
+    (root / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
     model, lay = "rwkv7-tiny", Layout(root / "results", "rwkv7-tiny")
     recipes = cfg["models"][model]["recipes"]
     assert recipes == ["fp32", "fp16", "int8keepproj"]

@@ -14,6 +14,7 @@ import torch
 
 from recurrent_coreai import families, tokenizers
 from recurrent_coreai.checkpoints.reader import load_checkpoint
+from recurrent_coreai.pipeline import records
 from recurrent_coreai.pipeline.paths import Layout
 from recurrent_coreai.tools.generate import generate, open_bundle
 from recurrent_coreai.tools.sampling import Sampler, Sampling
@@ -51,7 +52,7 @@ def test_the_card_and_the_records_describe_the_family(model):
     assert family.card_summary.split(". ")[0] in card
     for tag in family.tags:
         assert f"- {tag}" in card
-    published = sorted(p.name for p in lay.vocab.iterdir() if not p.name.startswith("."))
+    published = records.vocab_files(lay.vocab)  # the tokenizer files (not the vocab stage's own record)
     receipt = json.loads((lay.publish / "publish.json").read_text())
     assert receipt["family"] == family.name and receipt["tokenizer_files"] == published
     assert all(f"universal/{model}-fp32/{name}" in receipt["files"] for name in published)
