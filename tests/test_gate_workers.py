@@ -58,17 +58,19 @@ def test_the_stage_script_in_two_processes_writes_what_the_build_wrote(tiny_resu
     stage), and the JSON and TSV equal the ones the build's one-process gate wrote."""
     lay, conf = Layout(tiny_results, MODEL), tiny_results.parent / "config.yaml"
     out = tmp_path / "gate"
+    # the build's file names: the gate JSON records its TSV's name (and is sealed)
+    json_out, tsv_out = out / lay.gate_json(RECIPE).name, out / lay.gate_tsv(RECIPE).name
     cmd = [sys.executable, "scripts/gate.py", "--config-file", str(conf), "--model", MODEL, "--recipe", RECIPE,
            "--export", str(lay.export(RECIPE)), "--aot", str(lay.aot("universal", RECIPE)),
-           "--reference", str(lay.reference), "--json", str(out / "g.json"), "--tsv", str(out / "g.tsv"),
+           "--reference", str(lay.reference), "--json", str(json_out), "--tsv", str(tsv_out),
            "--log", str(out / "g.log")]
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
     env.pop("SLURM_CPUS_PER_TASK", None)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "step(s) and the prefill check in 2 process(es)" in (out / "g.log").read_text()
-    assert (out / "g.tsv").read_bytes() == lay.gate_tsv(RECIPE).read_bytes()
-    assert json.loads((out / "g.json").read_text()) == json.loads(lay.gate_json(RECIPE).read_text())
+    assert tsv_out.read_bytes() == lay.gate_tsv(RECIPE).read_bytes()
+    assert json.loads(json_out.read_text()) == json.loads(lay.gate_json(RECIPE).read_text())
 
 
 class Unloadable:

@@ -6,6 +6,8 @@ the prompt goes through ``prefill`` only when export.json lists it."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ import torch
 from recurrent_coreai.tools import generate as gen
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.pipeline.paths import Layout
+from recurrent_coreai.pipeline.records import sealed_text
 from recurrent_coreai.tools.sampling import Sampler, Sampling, filtered_probs, penalize
 from recurrent_coreai import tokenizers
 
@@ -166,7 +169,9 @@ def test_without_a_listed_prefill_the_prompt_goes_through_main(tmp_path, tokeniz
     alt.export("fp32").mkdir(parents=True)
     record = json.loads((lay.export("fp32") / "export.json").read_text())
     del record["functions"]["prefill"]
-    (alt.export("fp32") / "export.json").write_text(json.dumps(record))
+    # what an export stage without a prefill would record: sealed, beside the bundle it describes
+    (alt.export("fp32") / "export.json").write_text(sealed_text(record, "export"))
+    shutil.copytree(lay.export("fp32") / record["bundle"], alt.export("fp32") / record["bundle"], copy_function=os.link)
     ids, n_long = gen.chat_tokens(tokenizer, PROMPT), len(gen.chat_tokens(tokenizer, LONG))
     session, _ = gen.open_bundle(tmp_path, M, "fp32")
     with session:
