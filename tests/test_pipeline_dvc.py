@@ -11,14 +11,21 @@ import yaml
 from repo_copies import RECIPES, run
 
 pytestmark = pytest.mark.slow
-MEASURED = "results/rwkv7-tiny/report/index.html"  # export times and peak RSS of the build
 
 
-def _without_report(lock: str) -> dict:
-    """dvc.lock with the measured report's digest taken out (everything else must be equal)."""
+def _measured(repo) -> set[str]:
+    """Each built model's build report: the export times and peak RSS of the build."""
+    from recurrent_coreai.pipeline.config import models_to_build
+
+    cfg = yaml.safe_load((repo / "config.yaml").read_text())
+    return {f"results/{model}/report/index.html" for model in models_to_build(cfg)}
+
+
+def _without_report(lock: str, measured: set[str]) -> dict:
+    """dvc.lock with the measured reports' digests taken out (everything else must be equal)."""
     stages = yaml.safe_load(lock)["stages"]
     report = [out for name, st in stages.items() if name.startswith("report-") for out in st["outs"]]
-    assert [out["path"] for out in report] == [MEASURED]
+    assert sorted(out["path"] for out in report) == sorted(measured)
     for out in report:
         out.pop("md5"), out.pop("size")
     return stages
@@ -28,16 +35,18 @@ def test_two_builds_in_two_directories_are_byte_identical(dvc_repo, smk_repo):
     """snakemake in one temp copy, dvc repro in another, fresh processes, other PYTHONHASHSEEDs:
     every file of every output (source, vocab, reference, export, aot, gate, card, publish),
     each tree as its build left it. The build report is the one output that differs: it shows
-    the export times and peak RSS measured in that build."""
+    the export times and peak RSS measured in that build (one per model: all three tiny families)."""
     (repo, dvc_built), (_, smk_built) = dvc_repo, smk_repo
+    measured = _measured(repo)
+    assert len(measured) == 3, measured
     assert dvc_built["gates"] == smk_built["gates"]
     ours, theirs = smk_built["outputs"], dvc_built["outputs"]
     assert sorted(ours) == sorted(theirs) and len(ours) > 40
     stages = {rel.split("/")[2] for rel in ours if rel.count("/") >= 3}
     assert {"source", "vocab", "reference", "export", "aot", "gate", "card", "publish"} <= stages, stages
-    differing = sorted(rel for rel in ours if ours[rel] != theirs[rel] and rel != MEASURED)
+    differing = sorted(rel for rel in ours if ours[rel] != theirs[rel] and rel not in measured)
     assert differing == [], f"{len(differing)} files differ between the two builds: {differing[:8]}"
-    assert _without_report(smk_built["dvc_lock"]) == _without_report(dvc_built["dvc_lock"])
+    assert _without_report(smk_built["dvc_lock"], measured) == _without_report(dvc_built["dvc_lock"], measured)
     assert json.loads((repo / "results/rwkv7-tiny/publish/publish.json").read_text())["gates"].keys() == set(RECIPES)
 
 
