@@ -118,6 +118,7 @@ def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dic
             "gate": gate, "quantized": exp["quantized"], "kept": exp["kept"], "kept_reasons": "; ".join(kept_reasons),
             "quantized_groups": group_layers(exp["quantized"]), "kept_groups": group_layers(exp["kept"]),
             "bits": f"int{q['bits']}" if q else None, "block": q["block_size"] if q else None,
+            "why": cfg["recipes"][name].get("why"),  # the recipe's measured reason (config), if it states one
         })
     targets = []
     for t in mcfg["targets"]:

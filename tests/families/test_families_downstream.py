@@ -52,6 +52,8 @@ def test_the_card_and_the_records_describe_the_family(model):
     assert family.card_summary.split(". ")[0] in card
     for tag in family.tags:
         assert f"- {tag}" in card
+    why = " ".join(json.loads((lay.export("int8keepstate") / "export.json").read_text())["recipe_spec"]["why"].split())
+    assert f"Why this choice: {why}" in card  # the recipe's measured reason, in one sentence
     published = records.vocab_files(lay.vocab)  # the tokenizer files (not the vocab stage's own record)
     receipt = json.loads((lay.publish / "publish.json").read_text())
     assert receipt["family"] == family.name and receipt["tokenizer_files"] == published
