@@ -1,6 +1,6 @@
 """`python -m recurrent_coreai status` on records it cannot read: a gate JSON, export.json,
-publish.json or toolchain.json that is truncated, a JSON list, missing a key or binary, and a
-broken dvc.lock. The table still prints (the cell says ``corrupt``, never ``-`` or ``no``), then
+publish.json or toolchain.json that is truncated, a JSON list, missing a key or binary, a
+broken dvc.lock, a broken or missing dvc.yaml. The table still prints (the cell says ``corrupt``, never ``-`` or ``no``), then
 ONE line per broken record on stderr naming the file and the stage to rerun, exit 1 -- never
 "internal error ... this is a bug". And ``status | head -3`` ends quietly with exit 0."""
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from recurrent_coreai.pipeline import dag
 from recurrent_coreai.tools import status
 from test_status import tree  # noqa: F401 - the fixture: a built rwkv7-tiny tree (fp32 passed, fp16 failed)
 
@@ -127,6 +128,70 @@ def test_a_broken_dvc_lock(tree, capsys, change, what):
     print(check_one_line(err, "dvc.lock", what, status.LOCK_FIX))
 
 
+def stages_of(root: Path) -> dict:
+    return yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+
+
+def put_stages(root: Path, stages: dict) -> None:
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
+
+
+@pytest.mark.parametrize("change, what", [
+    (lambda t: t.replace("stages:", "stages: [", 1), "is not valid YAML at line"),
+    (lambda t: "- a\n- b\n", "is not a DVC pipeline (its top level is a list, not a mapping)"),
+    (lambda t: "stages: 3\n", "is not a DVC pipeline (its stages are a number, not a mapping)"),
+    (lambda t: "# emptied\n", "is not a DVC pipeline (its top level is empty"),
+    (lambda t: yaml.safe_dump({"stages": {"toolchain": ["python x.py"]}}), "stage 'toolchain' is a list, not a mapping"),
+    (lambda t: yaml.safe_dump({"stages": {"toolchain": {"deps": "requirements.txt"}}}),
+     "stage 'toolchain': its deps are a string, not a list of paths"),
+    (lambda t: yaml.safe_dump({"stages": {"toolchain": {"outs": [3]}}}),
+     "stage 'toolchain': an entry of its outs is a number, not a path"),
+    (BINARY, "is not UTF-8 text"),
+    (None, "not found"),
+], ids=["bad-yaml", "a-list", "stages-a-number", "empty", "stage-a-list", "deps-a-string", "out-a-number", "binary",
+        "missing"])
+def test_a_broken_or_missing_dvc_yaml(tree, capsys, change, what):
+    """dvc.yaml says which stages a row depends on: without it staleness is unknown (one line,
+    the file and the fix); the records are still read, their rerun hints without a stage name."""
+    if change is None:
+        (tree / "dvc.yaml").unlink()
+    else:
+        edit(tree, "dvc.yaml", change)
+    edit(tree, GATE, truncated)
+    rc, rows, err = run(capsys)
+    assert rc == 1
+    why = "no dvc.yaml" if change is None else "dvc.yaml corrupt"
+    assert rows["fp32"].endswith(f"unknown: {why}") and rows["fp16"].endswith(f"unknown: {why}"), rows
+    assert rows["int8keepproj"].endswith(" -") and rows["fp16"].split()[2:5] == ["yes", "(34.5", "MB)"], rows
+    assert len(err) == 2, err
+    print(check_one_line(err[:1], "dvc.yaml", what, dag.DVC_YAML_FIX))
+    print(check_one_line(err[1:], GATE, "is not valid JSON", "rerun the stage that writes it: snakemake --cores 1 "
+                         f"--force {GATE}"))
+
+
+def test_the_rerun_hint_is_the_stage_dvc_yaml_names(tree, capsys):
+    """The stage that writes a record is dvc.yaml's: renamed there, renamed in the hint."""
+    stages = stages_of(tree)
+    stages["verify-rwkv7-tiny-fp32"] = stages.pop("gate-rwkv7-tiny-fp32")
+    put_stages(tree, stages)
+    edit(tree, GATE, truncated)
+    rc, rows, err = run(capsys)
+    assert rc == 1 and rows["fp32"].endswith("not in dvc.lock: verify"), rows["fp32"]
+    print(check_one_line(err, GATE, "is not valid JSON", "rerun its stage verify-rwkv7-tiny-fp32: snakemake "
+                         f"--cores 1 --force {GATE}"))
+
+
+def test_a_recipe_dvc_yaml_has_no_stages_for_is_one_line(tree, capsys):
+    stages = stages_of(tree)
+    put_stages(tree, {n: st for n, st in stages.items() if not n.endswith("-rwkv7-tiny-fp16")
+                      and not (n.startswith("aot-rwkv7-tiny-") and n.endswith("-fp16"))})
+    rc, rows, err = run(capsys)
+    assert rc == 1 and sorted(rows) == ["fp16", "fp32", "int8keepproj"]
+    assert rows["fp16"].endswith("unknown: not in dvc.yaml") and rows["fp32"].endswith(" no"), rows
+    print(check_one_line(err, "dvc.yaml", "has no stages for rwkv7-tiny's recipe fp16 (no stage writes "
+                         "results/rwkv7-tiny/export/fp16), which the config builds", status.REGENERATE))
+
+
 def test_every_corrupt_record_is_one_line_after_the_whole_table(tree, capsys):
     edit(tree, GATE, truncated)
     edit(tree, EXPORT, lambda t: "[]")
@@ -135,6 +200,10 @@ def test_every_corrupt_record_is_one_line_after_the_whole_table(tree, capsys):
     assert rc == 1 and sorted(rows) == ["fp16", "fp32", "int8keepproj"]
     assert [line.split(":")[1].strip() for line in err] == ["dvc.lock", EXPORT, GATE], err
     assert all(line.startswith("error: ") and " -- fix: " in line for line in err)
+    edit(tree, "dvc.yaml", lambda t: "stages: [")
+    rc, rows, err = run(capsys)
+    assert rc == 1 and sorted(rows) == ["fp16", "fp32", "int8keepproj"]
+    assert [line.split(":")[1].strip() for line in err] == ["dvc.yaml", "dvc.lock", EXPORT, GATE], err
 
 
 def test_bad_arguments_are_one_line(tree, capsys):

@@ -1,6 +1,6 @@
 """``python -m recurrent_coreai status``: one row per model and recipe -- built, gated, published,
-stale -- read from the records in ``results/`` and from ``dvc.lock`` only: no rebuild, no
-Snakemake, no torch.
+stale -- read from the records in ``results/``, from ``dvc.yaml`` (which stages) and from
+``dvc.lock`` (what they ran) only: no rebuild, no Snakemake, no DVC, no torch.
 
 * built: the recipe's ``export.json`` exists (its bundle size).
 * gate: the gate JSON's verdict, top-1 agreement outside near-ties and max|dlogits|
@@ -14,10 +14,22 @@ Snakemake, no torch.
   must change one of its recorded files to do so, so the recorded md5s cover the file set too
   (re-deriving fingerprint.code_files would parse every module, ~1.5 s).
 
+The stages a row depends on come from the committed ``dvc.yaml`` -- the project's one job
+listing (pipeline/dag.py generates it from Snakemake's DAG) -- read as a graph of deps and outs
+(:func:`row_stages`): every stage on a path from the row's export to the model's published
+bundle (export, aot on every target, gate, doctor, card, stage_and_push), and every stage the
+row's own ones (all of those but the ones shared with the model's other recipes: card,
+stage_and_push) depend on, transitively (toolchain, source, vocab, reference, and whatever
+stage the DAG puts before them). Not the report page: the published bundle does not depend on
+it. The rerun hint of a record names the stage dvc.yaml says writes it. A built row that
+dvc.yaml has no stages for reads ``unknown: not in dvc.yaml``, with one line naming dvc.yaml
+and the fix (regenerate it) when config.yaml builds that model.
+
 A record it cannot read -- a gate JSON, ``export.json``, ``publish.json`` or ``toolchain.json``
-that is truncated, binary, not a JSON object or missing a key; a ``dvc.lock`` that is not the
-YAML DVC writes -- is never shown as "not built": its cell reads ``corrupt`` (the stale column
-``unknown: dvc.lock corrupt``). Status prints the whole table first, then ONE line per corrupt
+that is truncated, binary, not a JSON object or missing a key; a ``dvc.lock`` or ``dvc.yaml``
+that is not the YAML DVC writes (or no ``dvc.yaml``) -- is never shown as "not built": its cell
+reads ``corrupt`` (the stale column ``unknown: dvc.lock corrupt``, ``unknown: dvc.yaml corrupt``,
+``unknown: no dvc.yaml``). Status prints the whole table first, then ONE line per corrupt
 record on stderr (``error: <file>: <what> -- fix: <the stage to rerun>``) and exits 1: one run
 shows every broken record and every healthy row, instead of one per rerun.
 
@@ -31,6 +43,7 @@ import argparse
 import hashlib
 import json
 import os
+import posixpath
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,16 +51,14 @@ from pathlib import Path
 import yaml
 
 from recurrent_coreai.pipeline import config as cfgmod
-from recurrent_coreai.pipeline import records
+from recurrent_coreai.pipeline import dag, records
 from recurrent_coreai.coreai import toolchain
-from recurrent_coreai.pipeline.dag import stage_name
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.pipeline.fingerprint import ROOT
 from recurrent_coreai.pipeline.paths import Layout
 
 PROG = "python -m recurrent_coreai status"
 CODE_DIRS = ("recurrent_coreai/", "scripts/")
-MODEL_STAGES = ("source", "vocab", "reference", "card", "stage_and_push")
 COLUMNS = ("model", "recipe", "built", "gate", "top-1", "max|dlogits|", "published", "stale")
 CORRUPT = "corrupt"
 NUMBER = (int, float)
@@ -57,15 +68,20 @@ EXPORT_KEYS = {"size_bytes": int}
 RECEIPT_KEYS = {"gates": dict}
 TOOLCHAIN_KEYS = {"versions": dict}
 LOCK_FIX = "restore it (git checkout -- dvc.lock); the next snakemake run records its stages into it again"
+LISTING = "dvc.yaml"
+REGENERATE = "regenerate it from the Snakefile and config.yaml: python scripts/gen_dvc.py"
 
 
 @dataclass
 class Rerun:
-    """The stage that writes a record: its DVC name and the output ``snakemake --force`` rebuilds."""
-    stage: str
+    """The stage that writes a record: its DVC name (None when dvc.yaml names none) and the
+    output ``snakemake --force`` rebuilds."""
+    stage: str | None
     output: Path
 
     def fix(self) -> str:
+        if self.stage is None:
+            return f"rerun the stage that writes it: snakemake --cores 1 --force {self.output}"
         return f"rerun its stage {self.stage}: snakemake --cores 1 --force {self.output}"
 
 
@@ -170,29 +186,100 @@ class CodeCheck:
         return any(self.md5(rel) != md5 for rel, md5 in recorded.items())
 
 
-def _stages_of(model: dict, name: str, recipe: str) -> list[tuple[str, str]]:
-    """(rule, dvc stage) pairs whose outputs a recipe's published bundle depends on."""
-    targets = sorted({"universal", *model["targets"]})
-    pairs = [("toolchain", "toolchain")]
-    pairs += [(rule, stage_name({"rule": rule, "wildcards": {"model": name}})) for rule in MODEL_STAGES]
-    pairs.append(("export", stage_name({"rule": "export", "wildcards": {"model": name, "recipe": recipe}})))
-    pairs += [("aot", stage_name({"rule": "aot", "wildcards": {"model": name, "target": t, "recipe": recipe}}))
-              for t in targets]
-    pairs += [(rule, stage_name({"rule": rule, "wildcards": {"model": name, "recipe": recipe}}))
-              for rule in ("gate", "doctor")]  # publish waits for both
-    return pairs
+def row_stages(graph: dag.StageGraph, export: str, gate: str, publish: str,
+               _through: dict[str, set[str]] | None = None) -> set[str] | None:
+    """The dvc.yaml stages a row's freshness depends on, from the graph alone; ``export``,
+    ``gate`` and ``publish`` are the row's export, its gate JSON and the model's published
+    bundle, as dvc.yaml writes paths. None when dvc.yaml has no stage writing one of them.
+
+    ``through``: every stage on a path from the row's export to the published bundle (export,
+    aot on each target, gate, doctor, card, stage_and_push). The row's own stages are those not
+    also on such a path from another export beside it (the model's other recipes), plus the
+    stage writing its gate JSON; the row is ``through`` and everything the own stages depend
+    on, transitively. (The shared card and stage_and_push count, but not what they read of the
+    other recipes.) ``_through`` caches ``through`` per export stage across a model's rows."""
+    found = [graph.writer(path) for path in (export, gate, publish)]
+    if None in found:
+        return None
+    (export_stage, export_out), (gate_stage, _), (publish_stage, _) = found
+    cache = {} if _through is None else _through
+
+    def through(stage: str) -> set[str]:
+        if stage not in cache:
+            cache[stage] = graph.between({stage}, {publish_stage})
+        return cache[stage]
+
+    beside = {stage for out, stage in graph.writers_under(posixpath.dirname(export_out)).items()
+              if stage != export_stage and not out.startswith(export_out + "/")}
+    shared = set().union(*(through(stage) for stage in beside))
+    mine = through(export_stage)
+    return mine | graph.upstream((mine - shared) | {gate_stage})
 
 
-def _stale(pairs, tool: list[str], code: CodeCheck | str | None, built: bool) -> str:
-    if not built:
-        return "-"
+class Listing:
+    """dvc.yaml's stages, found by the paths of a results tree under ``root`` (None, with why,
+    when dvc.yaml is missing or corrupt)."""
+
+    def __init__(self, root: Path):
+        self.root, self.graph, self.why = root, None, None
+        self._through: dict[str, set[str]] = {}
+
+    def load(self) -> None:
+        path = self.root / LISTING
+        try:
+            self.graph = dag.read_listing(path)
+        except PipelineError:
+            self.why = f"{LISTING} corrupt" if path.exists() else f"no {LISTING}"
+            raise
+
+    def rel(self, path: Path) -> str | None:
+        """``path`` as dvc.yaml writes it (relative to the root, '/'); None outside the root."""
+        rel = Path(os.path.relpath(path, self.root)).as_posix()
+        return None if rel == ".." or rel.startswith("../") else rel
+
+    def rerun(self, record: Path, output: Path) -> Rerun:
+        """The stage dvc.yaml says writes ``record`` and its out; else ``output``, unnamed."""
+        rel = self.rel(record) if self.graph is not None else None
+        found = self.graph.writer(rel) if rel is not None else None
+        return Rerun(found[0], self.root / found[1]) if found else Rerun(None, output)
+
+    @staticmethod
+    def anchors(lay: Layout, recipe: str) -> tuple[Path, Path, Path]:
+        """What :func:`row_stages` finds a row by: its export, its gate JSON, the published bundle."""
+        return lay.export(recipe), lay.gate_json(recipe), lay.publish
+
+    def row(self, lay: Layout, recipe: str) -> set[str] | str:
+        """The stage names of a row, or why they are unknown."""
+        if self.graph is None:
+            return self.why
+        paths = [self.rel(p) for p in self.anchors(lay, recipe)]
+        if None in paths:
+            return f"results outside --root, not in {LISTING}"
+        stages = row_stages(self.graph, *paths, _through=self._through)
+        return f"not in {LISTING}" if stages is None else stages
+
+    def unlisted_problem(self, results: Path, lay: Layout, name: str, recipes: list[str]) -> PipelineError:
+        """The one line for built recipes of a model the config builds that dvc.yaml has no stages for."""
+        which = f"{name}'s recipe{'s' * (len(recipes) > 1)} {', '.join(recipes)}"
+        paths = [self.rel(p) for p in self.anchors(lay, recipes[0])]
+        if None in paths:
+            return PipelineError(results, f"is outside {self.root}, so {LISTING} there does not list the stages of "
+                                 f"{which}", "give the repository root the tree was built in (--root)")
+        unwritten = next(p for p in paths if self.graph.writer(p) is None)
+        return PipelineError(self.root / LISTING, f"has no stages for {which} (no stage writes {unwritten}), "
+                             "which the config builds", REGENERATE)
+
+
+def _stale(stages: set[str] | str, tool: list[str], code: CodeCheck | str | None) -> str:
     reasons = [f"toolchain ({', '.join(tool)})"] if tool else []
-    if code is None or isinstance(code, str):
+    if isinstance(stages, str):
+        reasons.append(f"unknown: {stages}")
+    elif code is None or isinstance(code, str):
         reasons.append(f"unknown: {code or 'no dvc.lock'}")
     else:
-        checks = {rule: code.changed(stage) for rule, stage in pairs}
-        changed = sorted({rule for rule, c in checks.items() if c})
-        unrecorded = sorted({rule for rule, c in checks.items() if c is None})
+        checks = {stage: code.changed(stage) for stage in stages}
+        changed = sorted({dag.stage_rule(stage) for stage, c in checks.items() if c})
+        unrecorded = sorted({dag.stage_rule(stage) for stage, c in checks.items() if c is None})
         reasons += [f"code: {', '.join(changed)}"] if changed else []
         reasons += [f"not in dvc.lock: {', '.join(unrecorded)}"] if unrecorded else []
     return "; ".join(reasons) or "no"
@@ -225,6 +312,11 @@ def survey(cfg: dict, root: Path = ROOT) -> Survey:
     """The status of every model to build (and every model with something in results/)."""
     out = Survey()
     results = root / cfg["results"]
+    listing = Listing(root)
+    try:
+        listing.load()
+    except PipelineError as exc:
+        out.problems.append(exc)
     try:
         lock = read_lock(root / "dvc.lock")
         code = CodeCheck(lock, root) if lock is not None else None
@@ -232,24 +324,29 @@ def survey(cfg: dict, root: Path = ROOT) -> Survey:
         out.problems.append(exc)
         code = "dvc.lock corrupt"
     lay0 = Layout(results, "")
-    built_tc = out.read(lay0.toolchain, TOOLCHAIN_KEYS, Rerun("toolchain", lay0.toolchain))
+    built_tc = out.read(lay0.toolchain, TOOLCHAIN_KEYS, listing.rerun(lay0.toolchain, lay0.toolchain))
     tool = ["toolchain.json corrupt"] if built_tc == CORRUPT else toolchain_changes(built_tc)
-    names = sorted(set(cfgmod.models_to_build(cfg)) | {m for m in cfg["models"] if (results / m).is_dir()})
+    to_build = set(cfgmod.models_to_build(cfg))
+    names = sorted(to_build | {m for m in cfg["models"] if (results / m).is_dir()})
     for name in names:
         model, lay = cfg["models"][name], Layout(results, name)
-        receipt = out.read(lay.publish / "publish.json", RECEIPT_KEYS, Rerun(stage_name(
-            {"rule": "stage_and_push", "wildcards": {"model": name}}), lay.publish))
+        receipt = out.read(lay.publish / "publish.json", RECEIPT_KEYS,
+                           listing.rerun(lay.publish / "publish.json", lay.publish))
+        unlisted = []  # built recipes that dvc.yaml has no stages for
         for recipe in model["recipes"]:
-            wildcards = {"model": name, "recipe": recipe}
             export = out.read(lay.export(recipe) / "export.json", EXPORT_KEYS,
-                              Rerun(stage_name({"rule": "export", "wildcards": wildcards}), lay.export(recipe)))
-            gate_rerun = Rerun(stage_name({"rule": "gate", "wildcards": wildcards}), lay.gate_json(recipe))
+                              listing.rerun(lay.export(recipe) / "export.json", lay.export(recipe)))
+            gate_rerun = listing.rerun(lay.gate_json(recipe), lay.gate_json(recipe))
             gate = out.read(lay.gate_json(recipe), GATE_KEYS, gate_rerun)
             if gate is None:
                 gate = out.read(lay.gate_json(recipe).with_suffix(".failed.json"), GATE_KEYS, gate_rerun)
+            stale = "-"
+            if export is not None:  # built (or its record corrupt): what changed since
+                stages = listing.row(lay, recipe)
+                unlisted += [recipe] if isinstance(stages, str) and listing.graph is not None else []
+                stale = _stale(stages, tool, code)
             row = {"model": name, "recipe": recipe, "built": "no", "gate": "-", "top-1": "-", "max|dlogits|": "-",
-                   "published": CORRUPT if receipt == CORRUPT else _published(receipt, recipe),
-                   "stale": _stale(_stages_of(model, name, recipe), tool, code, export is not None)}
+                   "published": CORRUPT if receipt == CORRUPT else _published(receipt, recipe), "stale": stale}
             if export == CORRUPT:
                 row["built"] = CORRUPT
             elif export is not None:
@@ -261,6 +358,10 @@ def survey(cfg: dict, root: Path = ROOT) -> Survey:
                 row["top-1"] = f"{gate['agree_counted']}/{gate['counted']}"
                 row["max|dlogits|"] = f"{gate['max_abs_dlogits']:.3g}"
             out.rows.append(row)
+        # an error only for a model this config builds (regenerating dvc.yaml lists it); another
+        # config's model left in results/ just says so in its rows
+        if unlisted and name in to_build:
+            out.problems.append(listing.unlisted_problem(results, lay, name, unlisted))
     return out
 
 
@@ -296,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = _Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--config-file", default=cfgmod.DEFAULT_FILE, help="the config the tree was built with")
     ap.add_argument("--root", type=Path, default=Path("."),
-                    help="repository root holding dvc.lock, the code and results/ (default: .)")
+                    help="repository root holding dvc.yaml, dvc.lock, the code and results/ (default: .)")
     ns = ap.parse_args(argv)
     if not ns.root.is_dir():
         raise PipelineError(ns.root, "--root is not a directory", "give the repository root (default: .)")
