@@ -3,19 +3,20 @@ from recurrent_coreai.stages.report import report_inputs, report_path
 
 rule report:
     # One self-contained HTML page per model (inline SVG, no JavaScript, nothing fetched): gate
-    # verdicts and numbers, max|dlogits| and reference margin per step, bundle sizes, export time
-    # and peak RSS (from the export logs: not content-addressed, fine for a report), the prefill
-    # check, coreai doctor's findings and the card preview. A gate run removes the report first
-    # (stages/gate.py remove_stale_report): a failing gate never leaves one saying PASS.
+    # verdicts and numbers, max|dlogits| and reference margin per step, bundle sizes, the prefill
+    # check, coreai doctor's findings and the card preview. Every input is checked against its
+    # stage's record and the page is sealed (its last line: records.seal_report), so a rebuild
+    # writes the same bytes and dvc.lock agrees. Run measurements (export time, peak RSS) are not
+    # inputs: they stay in the export log's summary line, results/logs/<m>/export-<r>.log (logs are
+    # not tracked by DVC, so a `dvc pull` restores none and nothing here waits on one). A gate run
+    # removes the report first (stages/gate.py remove_stale_report): a failing gate never leaves
+    # one saying PASS.
     input:
-        # the export logs are read when present but are not inputs: logs are not tracked by DVC,
-        # and as inputs a `dvc pull` (which restores no logs) would make Snakemake re-export
-        unpack(lambda w: {k: v for k, v in stage_inputs(report_inputs, w).items() if k != "logs"}),
+        unpack(lambda w: stage_inputs(report_inputs, w)),
     output:
         str(report_path(OUT)),
     params:
         config_file=CONFIG_FILE,
-        logs=lambda w: stage_inputs(report_inputs, w)["logs"],
         settings=settings("report"),
         code=code("report"),
     log:
@@ -26,5 +27,5 @@ rule report:
         "../envs/hub.yaml"
     shell:
         "python scripts/report.py --config-file {params.config_file} --model {wildcards.model} "
-        "--gates {input.gates} --tsvs {input.tsvs} --exports {input.exports} --logs {params.logs} "
+        "--gates {input.gates} --tsvs {input.tsvs} --exports {input.exports} "
         "--doctors {input.doctors} --card {input.card} --out {output} --log {log}"

@@ -1,11 +1,16 @@
 """The integrity chain (pipeline/records.py): every file a stage writes under results/<model>/ is
-checked against its stage's record before anything is staged or published.
+checked against its stage's record before anything is staged or published, and before DVC records it.
 
 For every kind of file the stages write, on a copy of the session's built tree (``tiny_results``):
 change it after its stage, keep its time (os.utime, as a careful attacker or a stray editor
-would), and publish (the publish stage with the rule's inputs: what ``snakemake publish
---forcerun stage_and_push`` runs). The result must be one line naming the file and the stage to
-rerun, exit 1, and the earlier staging tree untouched (nothing staged, nothing published).
+would), and
+
+* publish (the publish stage with the rule's inputs: what ``snakemake publish --forcerun
+  stage_and_push`` runs): one line naming the file and the stage to rerun, exit 1, and the
+  earlier staging tree untouched (nothing staged, nothing published) -- every kind publish reads
+  (all but the build report, a page for people that no stage after it reads);
+* record it in DVC (scripts/dvc_record.py's check of the stage's out, ``records.verify_output``):
+  refused, with the same line -- every kind, the report included.
 """
 
 from __future__ import annotations
@@ -97,7 +102,22 @@ CASES = {
     "doctor JSON": (lambda r: first_file(r / MODEL / "gate", ".doctor.json"), json_edit("findings", 7), "doctor"),
     "card README.md": (f"{MODEL}/card/README.md", append_line, "card"),
     "toolchain.json": ("toolchain.json", json_edit("versions", {"torch": "0"}), "toolchain"),
+    "report index.html": (f"{MODEL}/report/index.html", append_line, "report"),
 }
+PUBLISH_READS = [kind for kind, (_, _, stage) in CASES.items() if stage != "report"]
+
+
+def dvc_out(results: Path, path: Path) -> Path:
+    """The DVC ``out`` (dvc.yaml) holding ``path``: a directory stage's directory (source, vocab,
+    export/<r>, aot/<t>/<r>), else the file itself."""
+    parts = path.relative_to(results).parts
+    if len(parts) > 2 and parts[1] in ("source", "vocab"):
+        return results.joinpath(*parts[:2])
+    if len(parts) > 3 and parts[1] == "export":
+        return results.joinpath(*parts[:3])
+    if len(parts) > 4 and parts[1] == "aot":
+        return results.joinpath(*parts[:4])
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -152,14 +172,16 @@ def test_the_untouched_tree_publishes_and_every_output_verifies(tree, capsys):
     for path in sorted((tree / "results" / MODEL).iterdir()):
         for out_path in ([path] if path.name in ("source", "vocab", "publish") else
                          sorted(p for p in path.glob("*/*") if p.is_dir()) if path.name == "aot" else
-                         sorted(path.iterdir()) if path.name in ("export", "gate", "card", "reference") else []):
+                         sorted(path.iterdir()) if path.name in ("export", "gate", "card", "reference", "report")
+                         else []):
             kinds[out_path.relative_to(tree / "results").as_posix()] = records.verify_output(out_path)
     assert "unrecorded" not in kinds.values(), kinds
     assert {"manifest.json", "export.json", "aot.json", records.VOCAB_RECORD, "publish.json", "stream", "tsv",
-            "card", "json"} <= set(kinds.values()), kinds
+            "card", "json", "report"} <= set(kinds.values()), kinds
+    assert kinds[f"{MODEL}/report/index.html"] == "report"
 
 
-@pytest.mark.parametrize("kind", list(CASES))
+@pytest.mark.parametrize("kind", PUBLISH_READS)
 def test_a_file_changed_after_its_stage_is_never_published(tree, tmp_path, capsys, kind):
     where, change, stage = CASES[kind]
     base = tmp_path / "copy"
@@ -188,6 +210,31 @@ def test_a_file_changed_after_its_stage_is_never_published(tree, tmp_path, capsy
     assert "internal error" not in line, line
     assert tree_manifest(out) == staged_before, "the earlier staging tree changed"
     assert not list(out.parent.glob(".publish.*.tmp")), "a temporary was left behind"
+
+
+@pytest.mark.parametrize("kind", list(CASES))
+def test_a_file_changed_after_its_stage_is_never_recorded_in_dvc(tree, tmp_path, kind):
+    """What dvc_record checks before ``dvc commit``: the stage's out holding the changed file is
+    refused with one line naming the file and the stage to rerun (a hard-linked copy: every change
+    here writes a new inode)."""
+    from recurrent_coreai.pipeline import dvc_record
+
+    where, change, stage = CASES[kind]
+    results = tmp_path / "results"
+    shutil.copytree(tree / "results", results, symlinks=True, copy_function=os.link)
+    path = where(results) if callable(where) else results / where
+    out = dvc_out(results, path)
+    assert records.verify_output(out) != "unrecorded"
+    change(path)
+    bad = dvc_record.unverified({"changed": {"outs": [str(out)]}}, ["changed"])
+    assert list(bad) == ["changed"], f"{kind}: recorded anyway"
+    line = str(bad["changed"])
+    print(f"{kind}: {line}")
+    assert "\n" not in line and " -- fix: " in line, line
+    named = Path(line.split(": ", 1)[0])
+    assert named == path or named in path.parents or path in named.parents, line
+    assert f"differs from what the {stage} stage recorded" in line, line
+    assert line.endswith(f"--forcerun {({'publish': 'stage_and_push'}.get(stage, stage))}"), line
 
 
 def test_a_staged_file_changed_after_staging_is_never_uploaded(tree, tmp_path):

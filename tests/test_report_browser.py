@@ -1,33 +1,28 @@
 """The HTML build report, opened in headless Chromium: the numbers shown are the gate JSON's and
-the export log's, every SVG plot is drawn with one point per gate step (and its points encode the
-TSV's values), the card preview is rendered, and the page loads nothing from anywhere.
+export.json's, every SVG plot is drawn with one point per gate step (and its points encode the
+TSV's values), the card preview is rendered, no run measurement (export time, peak RSS) is shown
+but the page says where they are, and the page loads nothing from anywhere.
 
-The export logs come from export.main itself (its conversion stubbed out, so the summary line is
-the one the export stage writes, with this process's numbers); the doctor JSONs from doctor.main.
-Skipped, with the reason, where no Chromium or playwright is installed."""
+The inputs are the built tree's (its gate JSONs, TSVs, exports, doctor JSONs and card), as the
+report rule passes them. Skipped, with the reason, where no Chromium or playwright is installed."""
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-from recurrent_coreai import families
-from recurrent_coreai.stages import doctor
-from recurrent_coreai.stages import export
 from recurrent_coreai.stages import report
 from recurrent_coreai.pipeline.paths import Layout
-from recurrent_coreai.pipeline.records import read_export, write_sealed
+from recurrent_coreai.pipeline.records import read_report, write_sealed
 
 RESULTS = None  # the tiny results tree (conftest)
 M = "rwkv7-tiny"
 CHROMIUM = "/usr/bin/chromium"
-LOG_LINE = re.compile(r" in (\d+\.\d) s, peak RSS (\d+) MB;")  # the test's own reading of export.py's line
 
 
 def recipes() -> list[str]:
@@ -37,32 +32,19 @@ def recipes() -> list[str]:
 def build(out: Path, gates: list[Path] | None = None) -> Path:
     lay = Layout(RESULTS, M)
     rs = recipes()
-    logs, doctors = out.parent / "logs", out.parent / "doctor"
     argv = ["--config-file", str(RESULTS.parent / "config.yaml"), "--model", M, "--card", str(lay.card),
             "--out", str(out), "--gates", *map(str, gates or [lay.gate_json(r) for r in rs]),
             "--tsvs", *[str(lay.gate_tsv(r)) for r in rs], "--exports", *[str(lay.export(r)) for r in rs],
-            "--logs", *[str(logs / f"export-{r}.log") for r in rs],
-            "--doctors", *[str(doctors / f"{r}.doctor.json") for r in rs]]
+            "--doctors", *[str(lay.doctor_json(r)) for r in rs]]
     assert report.main(argv) == 0
+    read_report(out)  # sealed by the report stage
     return out
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory, repo_root):
-    """Export logs (export.main with the conversion stubbed) and doctor JSONs for every recipe."""
-    tmp = tmp_path_factory.mktemp("report")
-    lay, conf = Layout(RESULTS, M), str(RESULTS.parent / "config.yaml")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(export, "export_recipe", lambda family, source, name, *a: read_export(lay.export(name)))
-        for r in recipes():
-            assert export.main(["--config-file", conf, "--model", M, "--recipe", r, "--source", str(lay.source),
-                                "--out", str(tmp / "unused"), "--log", str(tmp / "logs" / f"export-{r}.log")]) == 0
-    family = families.get(yaml.safe_load(Path(conf).read_text())["models"][M]["family"])
-    for r in recipes():  # the doctor rule's inputs: the family's export sources, the checkpoint, the bundle
-        assert doctor.main(["--config-file", conf, "--model", M, "--recipe", r, "--sources",
-                            *[str(repo_root / s) for s in family.export_sources], "--checkpoint", str(lay.source),
-                            "--export", str(lay.export(r)), "--out", str(tmp / "doctor" / f"{r}.doctor.json")]) == 0
-    return tmp
+def inputs(tmp_path_factory):
+    """A directory for the pages built here."""
+    return tmp_path_factory.mktemp("report")
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +85,6 @@ def test_numbers_plots_and_card_in_chromium(inputs, page):
         assert cell(page, r, "size_bytes") == f"{g['size_bytes'] / 1e6:.1f} MB"
         lowered = sum(f["size"] for f in g["tested_files"]["lowered"].values())
         assert cell(page, r, "lowered_bytes") == f"{lowered / 1e6:.1f} MB"
-        seconds, rss = LOG_LINE.findall((inputs / "logs" / f"export-{r}.log").read_text())[-1]
-        assert cell(page, r, "export_seconds") == f"{seconds} s" and cell(page, r, "export_rss_mb") == f"{rss} MB"
         pre = g["prefill"]  # the gate's check of the chunked prefill function against the reference
         assert cell(page, r, "prefill_pass") == "PASS" and int(cell(page, r, "prefill_chunk")) == pre["chunk"]
         assert int(cell(page, r, "prefill_agree_counted")) == pre["agree_counted"]
@@ -129,6 +109,12 @@ def test_numbers_plots_and_card_in_chromium(inputs, page):
             slope = (y[hi] - y[lo]) / (v[hi] - v[lo])
             assert slope < 0 and np.abs(y[lo] + slope * (v - v[lo]) - y).max() < 0.15, (r, key)
             assert svg.locator("circle.mismatch").count() == int((tsv["agree"] == 0).sum())
+    # run measurements are not shown (a rebuild would not reproduce them): the page says where they are
+    assert page.locator('[data-key="export_seconds"], [data-key="export_rss_mb"]').count() == 0
+    headers = page.locator("#recipes th").all_inner_texts()
+    assert not any("RSS" in h or "time" in h for h in headers), headers
+    intro = page.locator("p.muted").first.inner_text()
+    assert f"results/logs/{M}/export-<recipe>.log" in intro and "bench/" in intro and "docs/measurements/" in intro
     card = lay.card.read_text()
     title = re.search(r"^# (.+)$", card, re.M).group(1)
     assert page.locator("#card h1").inner_text() == title
@@ -149,7 +135,7 @@ def edited_gates(out: Path, edit) -> list[Path]:
     return paths
 
 
-def test_no_prefill_failures_and_missing_logs_are_shown(inputs, page, tmp_path):
+def test_no_prefill_and_failures_are_shown(inputs, page, tmp_path):
     def edit(r, g):
         if r == "fp16":
             g["prefill"]["speedup"] = 11.46  # no stage writes it: the report does not show it (it was a dead field)
@@ -159,13 +145,11 @@ def test_no_prefill_failures_and_missing_logs_are_shown(inputs, page, tmp_path):
             g.update({"pass": False, "reasons": ["top-1 agreement 30/40 outside near-ties is below 1.0"]})
 
     gates = edited_gates(tmp_path, edit)
-    shutil.copytree(inputs / "doctor", tmp_path / "doctor")  # and no logs beside it
     page.goto(build(tmp_path / "index.html", gates).as_uri())
     assert page.locator('[data-key="prefill_speedup"]').count() == 0 and "faster" not in cell(page, "fp16", "prefill")
     assert cell(page, "fp32", "prefill") == "no prefill"
     assert cell(page, "int8keepproj", "pass") == "FAIL" and cell(page, "fp16", "pass") == "PASS"
     assert "top-1 agreement 30/40" in page.locator('section[data-recipe="int8keepproj"] li.fail').inner_text()
-    assert cell(page, "fp32", "export_seconds") == "no log"
 
 
 def test_a_recipe_gated_at_fewer_steps_is_shown_with_the_reason(inputs, page, tmp_path):
@@ -176,8 +160,6 @@ def test_a_recipe_gated_at_fewer_steps_is_shown_with_the_reason(inputs, page, tm
             g.update(steps=g["reference_steps"] - 11, steps_why="measured: per-call dequantisation")
 
     gates = edited_gates(tmp_path, edit)
-    shutil.copytree(inputs / "doctor", tmp_path / "doctor")
-    shutil.copytree(inputs / "logs", tmp_path / "logs")
     page.goto(build(tmp_path / "index.html", gates).as_uri())
     full = json.loads(lay.gate_json("fp16").read_text())["steps"]
     section = page.locator('section[data-recipe="int8keepproj"]').inner_text()

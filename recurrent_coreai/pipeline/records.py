@@ -18,7 +18,8 @@ every consumer checks the bytes it reads against it before using them (:func:`ve
 * The gate JSON records the sha256 of the gate TSV it wrote beside it (``tsv``).
 * The reference ``stream.npz`` holds ``record_sha256``: the sha256 over its arrays
   (:func:`stream_digest`).
-* The card ends in one HTML comment with the sha256 of the text above it (:func:`seal_card`).
+* The card and the build report end in one seal line: an HTML comment with the sha256 of the text
+  above it (:func:`seal_lines`; :func:`seal_card`/:func:`read_card`, :func:`seal_report`/:func:`read_report`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,16 @@ RECEIPT = "publish.json"
 CATALOG_ENTRIES = "coreai-catalog.yaml"  # written into the publish directory after a push (hub/catalog.py)
 SEAL = "record"  # the field of a sealed JSON record
 STREAM_SEAL = "record_sha256"  # the array of the reference stream.npz holding its digest
-CARD_SEAL = re.compile(r"<!-- recurrent-coreai card sha256 (?P<sha>[0-9a-f]{64}) -->\n\Z")
+SEAL_LINE = "<!-- recurrent-coreai {stage} sha256 {sha} -->\n"  # the last line of a sealed text output
+
+
+def seal_line_pattern(stage: str) -> re.Pattern:
+    """The seal line (:data:`SEAL_LINE`) of ``stage``'s text output, matched at the very end."""
+    return re.compile(rf"<!-- recurrent-coreai {stage} sha256 (?P<sha>[0-9a-f]{{64}}) -->\n\Z")
+
+
+CARD_SEAL = seal_line_pattern("card")
+REPORT_SEAL = seal_line_pattern("report")
 
 
 # --- the integrity chain -------------------------------------------------------------------------
@@ -147,9 +157,36 @@ def read_stream(path: str | Path, required: bool = True) -> dict:
     return arrays
 
 
+def seal_lines(text: str, stage: str) -> str:
+    """``text`` with ``stage``'s seal: a last line holding the sha256 of everything above it."""
+    return text + SEAL_LINE.format(stage=stage, sha=_digest(text))
+
+
+def read_sealed_lines(path: str | Path, stage: str) -> str:
+    """A text output sealed by :func:`seal_lines` (without its seal line), checked; one line naming
+    the file and the stage to rerun otherwise."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise PipelineError(path, f"missing (the {stage} stage writes it)", rerun_fix(stage)) from None
+    except IsADirectoryError:
+        raise PipelineError(path, f"is a directory where the {stage} stage writes a file", rerun_fix(stage)) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise changed(path, stage, detail=" (it is no longer UTF-8 text)") from None
+    m = seal_line_pattern(stage).search(text)
+    if m is None:
+        raise changed(path, stage, detail=": it carries no digest from its stage")
+    if _digest(text[:m.start()]) != m["sha"]:
+        raise changed(path, stage)
+    return text[:m.start()]
+
+
 def seal_card(text: str) -> str:
     """The card's text with its seal: a last line holding the sha256 of everything above it."""
-    return f"{text}<!-- recurrent-coreai card sha256 {_digest(text)} -->\n"
+    return seal_lines(text, "card")
 
 
 def unseal_card(text: str) -> str:
@@ -160,21 +197,17 @@ def unseal_card(text: str) -> str:
 
 def read_card(path: str | Path) -> str:
     """The card stage's README.md (without its seal), checked."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise PipelineError(path, "missing (the card stage writes it)", rerun_fix("card")) from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise changed(path, "card", detail=" (it is no longer UTF-8 text)") from None
-    m = CARD_SEAL.search(text)
-    if m is None:
-        raise changed(path, "card", detail=": it carries no digest from its stage")
-    if _digest(text[:m.start()]) != m["sha"]:
-        raise changed(path, "card")
-    return text[:m.start()]
+    return read_sealed_lines(path, "card")
+
+
+def seal_report(html: str) -> str:
+    """The build report's HTML with its seal (``<!-- recurrent-coreai report sha256 <hex> -->``)."""
+    return seal_lines(html, "report")
+
+
+def read_report(path: str | Path) -> str:
+    """The report stage's ``index.html`` (without its seal), checked."""
+    return read_sealed_lines(path, "report")
 
 
 def read_gate(path: str | Path, tsv: bool = False) -> dict:
@@ -182,15 +215,21 @@ def read_gate(path: str | Path, tsv: bool = False) -> dict:
     path = Path(path)
     record = check_seal(path, "gate")
     if tsv:
-        entry = record.get("tsv") or {}
-        tsv_path = path.with_name(entry.get("name", path.with_suffix(".tsv").name))
-        try:
-            data = tsv_path.read_bytes()
-        except FileNotFoundError:
-            raise changed(tsv_path, "gate", detail=" (it is missing)") from None
-        if entry.get("sha256") != _digest(data):
-            raise changed(tsv_path, "gate")
+        read_gate_tsv(path.with_name((record.get("tsv") or {}).get("name", path.with_suffix(".tsv").name)), record)
     return record
+
+
+def read_gate_tsv(path: str | Path, gate: dict) -> str:
+    """The text of the gate TSV at ``path``, checked against the digest its gate JSON recorded
+    (``gate``: that JSON, as :func:`read_gate` returns it)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise changed(path, "gate", detail=" (it is missing)") from None
+    if (gate.get("tsv") or {}).get("sha256") != _digest(data):
+        raise changed(path, "gate")
+    return data.decode("utf-8")
 
 
 def read_toolchain(path: str | Path) -> dict:
@@ -315,6 +354,9 @@ def verify_output(path: str | Path) -> str:
     if path.name == "README.md":
         read_card(path)
         return "card"
+    if path.suffix == ".html":
+        read_report(path)
+        return "report"
     if path.suffix == ".json":
         load_json(path)
         try:

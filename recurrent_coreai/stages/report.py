@@ -1,15 +1,22 @@
 """The build report: one self-contained HTML page per model, ``results/<m>/report/index.html``.
 
 Per recipe: the gate verdict and its numbers, plots of max|Δlogits| and of the reference's top-2
-margin per step (inline SVG drawn here: no JavaScript, nothing fetched), bundle sizes, export time
-and peak RSS (read from the export job's log), the prefill check, and coreai doctor's findings; then a preview of the model card (Markdown rendered with
-markdown-it-py, raw HTML in the card escaped). Everything shown comes from the stage outputs
-the rule declares as inputs.
+margin per step (inline SVG drawn here: no JavaScript, nothing fetched), bundle sizes, the prefill
+check, and coreai doctor's findings; then a preview of the model card (Markdown rendered with
+markdown-it-py, raw HTML in the card escaped).
+
+Everything shown comes from the stage outputs the rule declares as inputs, each checked against its
+stage's record first (pipeline/records.py, the integrity chain: the gate JSON's seal and its TSV's
+digest, export.json and its bundle, the doctor JSON, the card's seal line), and the page is sealed
+the same way as the card (its last line: :func:`records.seal_report`). So a rebuild from the same
+inputs writes the same bytes: run measurements (export time, peak RSS) are not shown; they are in
+the export log's summary line (``results/logs/<m>/export-<r>.log``) and in ``bench/``.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import re
 from dataclasses import dataclass
 from html import escape
@@ -24,10 +31,10 @@ from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.frontmatter import FRONT
 from recurrent_coreai.util.fsutil import write_text_atomic
 from recurrent_coreai.pipeline.paths import Layout
-from recurrent_coreai.pipeline.records import export_stats, load_json, read_export
+from recurrent_coreai.pipeline.records import (read_card, read_doctor, read_export, read_gate, read_gate_tsv,
+                                                seal_report)
 
 TEMPLATE = "report.html.j2"
-# export.py's summary line: "export <m>/<r>: <bundle>, <X> MB (...) in <S> s, peak RSS <R> MB; ..."
 
 
 def report_path(lay: Layout) -> Path:
@@ -38,8 +45,8 @@ def report_inputs(lay: Layout, recipes: list[str], targets: list[str] = ()) -> d
     """What the report reads, by name (the rule's inputs and the CLI's ``--<name>`` lists)."""
     del targets
     return {"gates": [lay.gate_json(r) for r in recipes], "tsvs": [lay.gate_tsv(r) for r in recipes],
-            "exports": [lay.export(r) for r in recipes], "logs": [lay.log(f"export-{r}") for r in recipes],
-            "doctors": [doctor_json(lay, r) for r in recipes], "card": lay.card}
+            "exports": [lay.export(r) for r in recipes], "doctors": [doctor_json(lay, r) for r in recipes],
+            "card": lay.card}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -48,10 +55,10 @@ def report_inputs(lay: Layout, recipes: list[str], targets: list[str] = ()) -> d
 TSV_USED = ("step", "prompt", "near_tie", "agree", "ref_margin", "max_abs_dlogits")  # of gate.TSV_COLUMNS
 
 
-def read_tsv(path: Path) -> list[dict]:
-    """The gate's per-step rows (the columns the plots use), numbers as numbers."""
-    with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh, delimiter="\t"))
+def read_tsv(path: Path, gate: dict) -> list[dict]:
+    """The gate's per-step rows (the columns the plots use), numbers as numbers; the TSV is checked
+    against the digest its gate JSON (``gate``) recorded."""
+    rows = list(csv.DictReader(io.StringIO(read_gate_tsv(path, gate), newline=""), delimiter="\t"))
     missing = [c for c in TSV_USED if not rows or c not in rows[0]]
     if missing:
         raise PipelineError(path, f"is not a gate TSV (no rows, or no column {missing[0]!r})", "rerun the gate stage")
@@ -64,7 +71,6 @@ class Recipe:
     gate: dict
     rows: list[dict]
     export: dict
-    stats: dict | None
     doctor: dict
 
     @property
@@ -83,22 +89,29 @@ class Recipe:
         return self.gate.get("state_writes") or {}
 
 
-def load_recipes(model: str, gates, tsvs, exports, logs, doctors) -> list[Recipe]:
-    by_tsv = {Path(p).stem: Path(p) for p in tsvs}
-    by_log = {Path(p).stem.removeprefix("export-"): Path(p) for p in logs}
+def tsv_name(gate_path: Path, gate: dict) -> str:
+    """The file name of the TSV the gate wrote beside its JSON (``<r>.tsv``, or ``<r>.failed.tsv``
+    beside a ``<r>.failed.json``), as the gate JSON records it."""
+    return (gate.get("tsv") or {}).get("name") or Path(gate_path).with_suffix(".tsv").name
+
+
+def load_recipes(gates, tsvs, exports, doctors) -> list[Recipe]:
+    """Every recipe's inputs, each checked against its stage's record (one line naming the file and
+    the stage to rerun when one differs)."""
+    by_tsv = {Path(p).name: Path(p) for p in tsvs}
     by_doctor = {Path(p).name.removesuffix(".doctor.json"): Path(p) for p in doctors}
     by_export = {read_export(p)["recipe"]: Path(p) for p in exports}
     recipes = []
     for path in gates:
-        gate = load_json(path)
+        gate = read_gate(path)
         r = gate["recipe"]
-        for table, what in ((by_tsv, "gate TSV"), (by_log, "export log"), (by_doctor, "doctor JSON"),
-                            (by_export, "export directory")):
-            if r not in table:
+        for table, key, what in ((by_tsv, tsv_name(path, gate), "gate TSV"), (by_doctor, r, "doctor JSON"),
+                                 (by_export, r, "export directory")):
+            if key not in table:
                 raise PipelineError(path, f"recipe {r} has no {what} among the report's inputs",
                                     "pass every recipe's inputs (rules/report.smk lists them)")
-        recipes.append(Recipe(r, gate, read_tsv(by_tsv[r]), read_export(by_export[r]),
-                              export_stats(by_log[r], model, r), load_json(by_doctor[r])))
+        recipes.append(Recipe(r, gate, read_tsv(by_tsv[tsv_name(path, gate)], gate), read_export(by_export[r]),
+                              read_doctor(by_doctor[r])))
     return recipes
 
 
@@ -182,14 +195,12 @@ HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
 
 
 def card_preview(card: Path) -> tuple[str, Markup]:
-    """(front matter YAML, the card body as HTML). Managed-block markers (HTML comments) are
-    dropped; any other raw HTML in the card is shown escaped, not rendered."""
+    """(front matter YAML, the card body as HTML), the card checked against its seal first.
+    Managed-block markers (HTML comments) are dropped; any other raw HTML in the card is shown
+    escaped, not rendered."""
     from markdown_it import MarkdownIt
 
-    try:
-        text = card.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PipelineError(card, "missing", "run the card stage first") from None
+    text = read_card(card)
     m = FRONT.match(text)
     front, body = (m.group(0)[4:-4], text[m.end():]) if m else ("", text)
     md = MarkdownIt("commonmark", {"html": False}).enable("table")
@@ -215,23 +226,19 @@ def render(model: str, recipes: list[Recipe], card: Path) -> str:
 
 
 def build_report(model: str, inputs: dict, out: Path) -> list[Recipe]:
-    recipes = load_recipes(model, inputs["gates"], inputs["tsvs"], inputs["exports"], inputs["logs"],
-                           inputs["doctors"])
-    write_text_atomic(out, render(model, recipes, Path(inputs["card"])))
+    """Read and check the inputs, write the page sealed (records.read_report checks it)."""
+    recipes = load_recipes(inputs["gates"], inputs["tsvs"], inputs["exports"], inputs["doctors"])
+    write_text_atomic(out, seal_report(render(model, recipes, Path(inputs["card"]))))
     return recipes
 
 
 @main_guard
 def main(argv=None) -> int:
-    """``scripts/report.py --model M --gates J... --tsvs T... --exports D... --logs L... --doctors J...
+    """``scripts/report.py --model M --gates J... --tsvs T... --exports D... --doctors J...
     --card README.md --out results/<m>/report/index.html``."""
-    ns = stage.parser("report", "model", "card", "out", lists=("gates", "tsvs", "exports", "logs", "doctors")
+    ns = stage.parser("report", "model", "card", "out", lists=("gates", "tsvs", "exports", "doctors")
                       ).parse_args(argv)
     stage.setup("report", ns)
     recipes = build_report(ns.model, vars(ns), Path(ns.out))
-    for r in recipes:
-        if r.stats is None:
-            stage.log.warning("report %s/%s: no export log or no summary line in it: export time and peak RSS "
-                              "not shown", ns.model, r.name)
     stage.log.info("report %s: %d recipes -> %s", ns.model, len(recipes), ns.out)
     return 0
