@@ -141,10 +141,11 @@ def _build_smk(repo: Path) -> dict:
 
 @pytest.fixture(scope="session")
 def dvc_repo(tmp_path_factory):
-    """A fresh copy built by `dvc repro` (tests/test_pipeline_dvc.py)."""
+    """A fresh copy built by `dvc repro` with config.yaml as committed -- the full gate, what a
+    user builds -- so its dvc.lock must be the committed one (tests/test_pipeline_dvc.py)."""
     from repo_copies import built, shared_build
 
-    return shared_build(tmp_path_factory, "dvc", lambda repo: built(repo, "dvc repro", "22"))
+    return shared_build(tmp_path_factory, "dvc", lambda repo: built(repo, "dvc repro", "22", short=False))
 
 
 @pytest.fixture(scope="session")

@@ -53,9 +53,10 @@ def short_gate(cfg: dict) -> dict:
     return cfg
 
 
-def fresh_copy(dest: Path, edit: Callable[[dict], None] | None = None) -> Path:
+def fresh_copy(dest: Path, edit: Callable[[dict], None] | None = None, short: bool = True) -> Path:
     """What a fresh clone holds (tracked + new, not ignored files), with the short gate (and
-    ``edit`` applied to its config.yaml), committed in a new git repo with fixed dates."""
+    ``edit`` applied to its config.yaml), committed in a new git repo with fixed dates.
+    ``short=False`` and no ``edit``: config.yaml as committed, byte for byte (the user's build)."""
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
                            capture_output=True, check=True).stdout.decode().split("\0")
     for rel in filter(None, files):
@@ -64,10 +65,13 @@ def fresh_copy(dest: Path, edit: Callable[[dict], None] | None = None) -> Path:
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
     cfg_path = dest / "config.yaml"
-    cfg = short_gate(yaml.safe_load(cfg_path.read_text()))
-    if edit:
-        edit(cfg)
-    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
+    if short or edit:
+        cfg = yaml.safe_load(cfg_path.read_text())
+        if short:
+            short_gate(cfg)
+        if edit:
+            edit(cfg)
+        cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
     run("git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm copy", dest, **GIT_DATES)
     return dest
 
@@ -119,16 +123,18 @@ def gate_numbers(repo: Path) -> dict:
             for r in RECIPES}
 
 
-def built(repo: Path, cmd: str, seed: str, record_opened: Path | None = None) -> dict:
+def built(repo: Path, cmd: str, seed: str, record_opened: Path | None = None, short: bool = True) -> dict:
     """Build a fresh copy with ``cmd``; what later tests compare, recorded right after the build.
-    With ``record_opened`` (a directory), every stage process writes there what it opened."""
+    With ``record_opened`` (a directory), every stage process writes there what it opened;
+    ``short=False``: with config.yaml as committed (the full gate), not the tests' short gate."""
     extra = {}
     if record_opened is not None:
         record_opened.mkdir(parents=True, exist_ok=True)
         extra = {"PYTHONPATH": f"{repo}{os.pathsep}{AUDIT}", OPENED_DIR_VAR: str(record_opened)}
-    proc = run(cmd, fresh_copy(repo), PYTHONHASHSEED=seed, **extra)
+    proc = run(cmd, fresh_copy(repo, short=short), PYTHONHASHSEED=seed, **extra)
+    status = run("git status --porcelain --untracked-files=all", repo).stdout
     return {"output": proc.stdout + proc.stderr, "outputs": tracked_outputs(repo), "gates": gate_numbers(repo),
-            "dvc_lock": (repo / "dvc.lock").read_text()}
+            "dvc_lock": (repo / "dvc.lock").read_text(), "git_status": status}
 
 
 # --- what the stages of a build opened, and the results tree it left ---

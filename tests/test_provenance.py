@@ -64,7 +64,7 @@ def inputs(tiny_results):
     return {"export_record": json.loads((base / "export" / RECIPE / "export.json").read_text()),
             "gate": json.loads((base / "gate" / f"{RECIPE}.json").read_text()),
             "source_manifest": json.loads((base / "source" / "manifest.json").read_text()),
-            "code": {"export": "e" * 64, "aot": "a" * 64, "gate": "9" * 64}}
+            "code": {"export": "e" * 64, "aot": "a" * 64, "gate": "9" * 64, "stage_and_push": "5" * 64}}
 
 
 @pytest.fixture
@@ -130,10 +130,8 @@ def test_statement_describes_the_bundle_folder(hub, inputs, cfg, tiny_results):
     manifest = json.loads((source_dir / "manifest.json").read_text())["source"]
     assert deps["source"]["uri"] == manifest["uri"]
     assert deps["source"]["annotations"]["revision"] == manifest["revision"]
-    git = subprocess.run(["git", "-C", str(Path(__file__).parents[1]), "rev-parse", "HEAD"],
-                         capture_output=True, text=True)
-    if git.returncode == 0:
-        assert deps["rwkv7-coreai"]["digest"] == {"gitCommit": git.stdout.strip()}
+    # the code by content (the publish stage's digest covers every stage's), never a git commit
+    assert deps["rwkv7-coreai"]["digest"] == {"sha256": inputs["code"]["stage_and_push"]}
     assert deps["rwkv7-coreai"]["annotations"]["code"] == inputs["code"]
 
     tools = build["internalParameters"]["toolchain"]
@@ -234,24 +232,52 @@ def test_platform_record_on_macos(monkeypatch, tmp_path):
     assert provenance.platform_record()["coreai_build"] == "absent"
 
 
-def test_pipeline_commit_is_this_checkouts_and_says_when_it_is_dirty(tmp_path):
-    def git(*args):
-        subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-                       check=True, capture_output=True)
+def test_the_published_tree_attests_the_code_of_every_stage_by_content(tiny_results):
+    """Each statement of the built tree names the code that built it: one digest per stage, the
+    digests fingerprint.py computes from this checkout's files (what a verifier recomputes with
+    ``python -m recurrent_coreai.pipeline.fingerprint``), and the publish stage's covering them all."""
+    from recurrent_coreai.pipeline import fingerprint
 
-    repo = tmp_path / "checkout"
-    (repo / "pkg").mkdir(parents=True)
-    (repo / "pkg" / "code.py").write_text("x = 1\n")
-    git("init", "-q")
-    git("add", ".")
-    git("commit", "-q", "-m", "c")
-    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    assert provenance.pipeline_record(repo) | {"version": None} == {"commit": head, "dirty": False, "version": None}
-    (repo / "pkg" / "code.py").write_text("x = 2\n")
-    assert provenance.pipeline_record(repo)["dirty"] is True
-    # a copy that merely sits inside some other repository is not that repository's commit
-    assert provenance.pipeline_record(repo / "pkg")["commit"] == "absent"
-    assert provenance.pipeline_record(tmp_path)["commit"] == "absent"  # no repository at all
+    stmt = json.loads((tiny_results / MODEL / "publish" / AIMODEL_REL / f"{BUNDLE}.intoto.json").read_text())
+    dep = {d["name"]: d for d in stmt["predicate"]["buildDefinition"]["resolvedDependencies"]}["rwkv7-coreai"]
+    code = dep["annotations"]["code"]
+    assert set(code) == {*fingerprint.ATTESTED, "stage_and_push"}
+    assert code == fingerprint.attested("rwkv7")
+    assert dep["digest"] == {"sha256": code["stage_and_push"]}
+    covered = set(fingerprint.code_files("stage_and_push", "rwkv7"))
+    assert all(set(fingerprint.code_files(rule, "rwkv7")) <= covered for rule in fingerprint.ATTESTED)
+    cli = subprocess.run([sys.executable, "-m", "recurrent_coreai.pipeline.fingerprint", "export", "--family",
+                          "rwkv7"], capture_output=True, text=True, check=True)
+    assert cli.stdout.split() == [code["export"]]
+
+
+def _attested_in(tree: Path) -> dict:
+    """fingerprint.attested of two families, computed by the package copy in ``tree``."""
+    code = ("import json; from recurrent_coreai.pipeline import fingerprint as f; "
+            "print(json.dumps({x: f.attested(x) for x in ('rwkv7', 'mamba2')}))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                          capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout)
+
+
+def test_code_digests_follow_content_not_the_checkout(tmp_path):
+    """The same files give the same digests wherever they are, in git or not (so a commit of
+    dvc.lock changes no statement); a changed line of one family's code changes that family's
+    digests of exactly the stages running family code, and no other family's."""
+    from recurrent_coreai.pipeline import fingerprint
+
+    root, tree = fingerprint.ROOT, tmp_path / "copy"
+    shutil.copytree(root, tree, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "results", ".snakemake", ".dvc", "__pycache__", "tests", "docs", "bench"))
+    before = _attested_in(tree)
+    assert before == {f: fingerprint.attested(f) for f in ("rwkv7", "mamba2")}
+    ref = tree / fingerprint.NAME / "families" / "rwkv7" / "reference.py"
+    ref.write_text(ref.read_text() + "\n# changed\n")
+    after = _attested_in(tree)
+    assert after["mamba2"] == before["mamba2"]
+    changed = {rule for rule in before["rwkv7"] if after["rwkv7"][rule] != before["rwkv7"][rule]}
+    assert changed == fingerprint.FAMILY_RULES, changed  # every stage running RWKV-7's code, publish too
+    assert provenance.pipeline_record(after["rwkv7"])["code"] == dict(sorted(after["rwkv7"].items()))
 
 
 def test_sign_then_verify_with_api_and_cli_and_one_flipped_byte_is_rejected(hub, inputs, with_key, capfd):

@@ -9,9 +9,9 @@ as it is), so whoever downloads the folder gets its provenance, and the folder's
 
 The statement says, for every file of the folder (its subjects, by relative path and sha256):
 which model, recipe (its full definition) and targets it was built for; what it was built from
-(the source URI, revision and the sha256 of every source file, the pipeline's git commit and
-the code digests of the stages that built it, and for a device product the gated ``.aimodel``
-it was compiled from); with
+(the source URI, revision and the sha256 of every source file, the pipeline's version and the
+code digest of each stage that built it, and for a device product the gated ``.aimodel`` it was
+compiled from); with
 which toolchain on which OS; and the gate's verdict. It holds no timestamp, host name or
 absolute path: identical inputs give byte-identical statements (sorted keys, fixed format).
 """
@@ -101,23 +101,15 @@ def platform_record() -> dict:
     }
 
 
-def pipeline_record(repo: str | Path | None = None) -> dict:
-    """This checkout's git commit and whether tracked files differ from it (``absent`` outside git)."""
+def pipeline_record(code: dict[str, str] | None = None) -> dict:
+    """What built a bundle: this package's version and ``code``, the digest of each stage's code
+    ({rule: digest}: pipeline/fingerprint.py's ``attested``). Content, not a git commit: the same
+    code gives the same statement in any clone, copy or commit (committing ``dvc.lock`` after a
+    build changes no statement), and a verifier recomputes each digest from a checkout with
+    ``python -m recurrent_coreai.pipeline.fingerprint RULE --family F``."""
     import recurrent_coreai
 
-    root = Path(repo) if repo is not None else Path(recurrent_coreai.__file__).resolve().parents[1]
-    commit, dirty = ABSENT, None
-    top = _run(["git", "-C", str(root), "rev-parse", "--show-toplevel"])
-    if top != ABSENT and Path(top).resolve() == root.resolve():  # not some repository that encloses a copy
-        commit = _run(["git", "-C", str(root), "rev-parse", "HEAD"])
-    if SHA1.fullmatch(commit):
-        # dvc.lock is the build's own record (DVC rewrites it during `dvc repro`), not a source
-        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
-                                 ".", ":(exclude)dvc.lock"], capture_output=True, text=True)
-        dirty = status.returncode != 0 or bool(status.stdout.strip())
-    else:
-        commit = ABSENT  # e.g. a repository without commits
-    return {"commit": commit, "dirty": dirty, "version": recurrent_coreai.__version__}
+    return {"version": recurrent_coreai.__version__, "code": dict(sorted((code or {}).items())) or ABSENT}
 
 
 def _source_dependencies(manifest: dict) -> list[dict]:
@@ -152,15 +144,16 @@ def statement(bundle_dir: str | Path, *, bundle_rel: str, export_record: dict, g
     ``bundle_rel``: the folder's path in the Hub tree (``aimodel/<bundle>``, ``<target>/<bundle>``);
     ``export_record``: the recipe's ``export.json`` (its ``toolchain`` is what built the bundle);
     ``gate``: its passing gate JSON; ``targets``: what this folder is for; ``pipeline``:
-    :func:`pipeline_record`, optionally with ``code`` ({stage: code digest})."""
+    :func:`pipeline_record`."""
     subs = subjects(bundle_dir, verified)
     aimodel = export_record["bundle"]
     tested = gate["tested_files"]
     gated = {f"{aimodel}/{rel}": v["sha256"] for rel, v in tested["aimodel"].items()}
     gated |= {rel: v["sha256"] for rel, v in tested.get("lowered", {}).items()}
-    code = {"dirty": pipeline["dirty"], "version": pipeline["version"], "code": pipeline.get("code", ABSENT)}
-    deps = [{"name": "rwkv7-coreai", "annotations": code,
-             **({"digest": {"gitCommit": pipeline["commit"]}} if pipeline["commit"] != ABSENT else {})},
+    code = pipeline["code"]
+    # the publish stage's digest covers the code of every stage that built the bundle
+    digest = {"digest": {"sha256": code["stage_and_push"]}} if code != ABSENT and "stage_and_push" in code else {}
+    deps = [{"name": "rwkv7-coreai", "annotations": {"version": pipeline["version"], "code": code}, **digest},
             *_source_dependencies(source_manifest)]
     if not any(s["name"].startswith(f"{aimodel}/") for s in subs):  # a product built from the gated bundle
         deps += [{"name": f"aimodel/{aimodel.removesuffix('.aimodel')}/{name}", "digest": {"sha256": sha}}
@@ -204,11 +197,11 @@ def statement(bundle_dir: str | Path, *, bundle_rel: str, export_record: dict, g
 def attest(staging_root: str | Path, bundle_rel: str, *, export_record: dict, gate: dict, source_manifest: dict,
            targets: list[str], code: dict[str, str] | None = None, verified: dict[str, str] | None = None) -> dict:
     """Write ``<bundle>.intoto.json`` into ``staging_root/bundle_rel`` (for this OS and checkout);
-    ``code``: {stage: code digest} of the stages that built it (Snakemake's ``params.code``);
+    ``code``: {rule: code digest} of the stages that built it (pipeline/fingerprint.py's ``attested``);
     ``verified``: {path in the folder: sha256} the stages recorded (see :func:`subjects`).
     Returns ``{"statement": relpath in the tree, "sha256": its digest}``."""
     bundle_dir = Path(staging_root) / bundle_rel
-    pipeline = pipeline_record() | ({"code": dict(sorted(code.items()))} if code else {})
+    pipeline = pipeline_record(code)
     stmt = statement(bundle_dir, bundle_rel=bundle_rel, export_record=export_record, gate=gate,
                      source_manifest=source_manifest, targets=targets, platform_info=platform_record(),
                      pipeline=pipeline, verified=verified)

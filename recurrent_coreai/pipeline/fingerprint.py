@@ -3,13 +3,19 @@ module imports (transitively, also imports inside functions), plus the data file
 
 Snakemake sees a stage's code through ``params: code=digest(rule)`` (content, not mtimes) and DVC
 through the same files as ``deps`` in the generated dvc.yaml: editing the card template reruns
-the card (and what depends on it), editing the reference stage reruns the reference — and nothing
-else does.
+the card (and what depends on it), editing the reference stage reruns the reference (and the
+publish stage, below) — and nothing else does.
 
 Families are imported by name at run time (``families.get(name)``), which no ``import`` statement
 shows: a stage that runs a family's code (:data:`FAMILY_RULES`) gets that family's folder in its
 fingerprint through :func:`digest` with ``family=``. So editing ``families/rwkv7/`` reruns the
 RWKV-7 models' stages that use family code and nothing of another family's models.
+
+The publish stage attests the code that built each bundle (hub/provenance.py records
+:func:`attested`: a digest per rule), so its own fingerprint covers all of that code: editing any
+of it restages, and a statement never names code that did not build it.
+``python -m recurrent_coreai.pipeline.fingerprint RULE [--family F] [--files]`` prints a rule's
+digest (and its files): how a verifier checks a statement's code digests against a checkout.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ DATA = {"stages.card": ("templates/model_card.md.j2",), "stages.report": ("templ
         "pipeline.config": ("schemas/*.yaml",)}
 # rules whose stage runs a family's code (loaded by name through the registry)
 FAMILY_RULES = frozenset({"source", "vocab", "reference", "export", "doctor", "card", "stage_and_push"})
+# the rules whose code built what the publish stage stages and attests (hub/provenance.py)
+ATTESTED = ("toolchain", "source", "vocab", "reference", "export", "aot", "gate", "doctor", "card")
 
 
 def _path(module: str) -> Path | None:
@@ -121,8 +129,11 @@ def _file_of(module: str) -> str:
 
 def code_files(rule: str, family: str | None = None) -> list[str]:
     """Repository-relative paths of everything the rule's stage runs; with ``family``, also that
-    family's folder (for the rules of :data:`FAMILY_RULES`)."""
+    family's folder (for the rules of :data:`FAMILY_RULES`). The publish stage's include the code
+    of every rule it attests (:data:`ATTESTED`)."""
     files = {f"scripts/{ENTRY[rule][0]}.py"}
+    if rule == "stage_and_push":
+        files |= {f for other in ATTESTED for f in code_files(other, family)}
     mods = set(modules(rule))
     if family is not None and rule in FAMILY_RULES:
         mods |= set(family_modules(family))
@@ -143,3 +154,29 @@ def digest(rule: str, family: str | None = None) -> str:
     for rel in code_files(rule, family):
         h.update(rel.encode() + b"\0" + (ROOT / rel).read_bytes() + b"\0")
     return h.hexdigest()
+
+
+def attested(family: str) -> dict[str, str]:
+    """{rule: :func:`digest`} of the code that built and staged a model of ``family``: what each
+    bundle's provenance statement attests (hub/provenance.py)."""
+    return {rule: digest(rule, family) for rule in (*ATTESTED, "stage_and_push")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print a rule's code digest (``--files``: and the files it covers)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m recurrent_coreai.pipeline.fingerprint",
+                                 description="the code digest of a stage, as provenance statements record it")
+    ap.add_argument("rule", choices=sorted(ENTRY))
+    ap.add_argument("--family", help="the model's family (for the rules that run family code)")
+    ap.add_argument("--files", action="store_true", help="list the files the digest covers")
+    ns = ap.parse_args(argv)
+    print(digest(ns.rule, ns.family))
+    if ns.files:
+        print("\n".join(code_files(ns.rule, ns.family)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -157,6 +157,7 @@ def stage_tree(out: Path, card: Path, vocab: Path, exports: list[Path], aots: li
     then does each bundle folder get its provenance statement and, with a key, its signature."""
     from recurrent_coreai.hub import provenance
     from recurrent_coreai.hub import signing
+    from recurrent_coreai.pipeline import fingerprint
 
     results = check_gates(gates, tsvs)
     # the card stage's bytes, as it recorded them; staged (and published) without its seal line
@@ -180,8 +181,9 @@ def stage_tree(out: Path, card: Path, vocab: Path, exports: list[Path], aots: li
                                 f"{folders_expected} (dir, shipped, recipes, targets)",
                                 "rebuild the bundles under the configured names: snakemake --forcerun export")
         targets = sorted({rel.split("/")[0] for rel in folders} - {"aimodel"})
+        code = fingerprint.attested(meta["family"])
         attested = {rel: provenance.attest(tmp, rel, export_record=records[r], gate=results[r],
-                                           source_manifest=source_manifest,
+                                           source_manifest=source_manifest, code=code,
                                            targets=targets if rel.startswith("aimodel/") else [rel.split("/")[0]],
                                            verified={k[len(rel) + 1:]: v["sha256"] for k, v in recorded.items()
                                                      if k.startswith(f"{rel}/")})
