@@ -69,6 +69,21 @@ class Geometry(abc.ABC):
 class Reference(abc.ABC):
     """The oracle: one token at a time, fp32 or fp64, no tricks."""
 
+    def __init__(self, weights: Mapping[str, Any], geom: Geometry, dtype: Any = None):
+        """``self.w``: the weights (:meth:`normal_weights` of them) in ``dtype`` (float32 by
+        default, or float64); ``self.g``: the geometry."""
+        import torch
+
+        dtype = dtype or torch.float32
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError("the reference runs in float32 or float64")
+        self.g, self.dtype = geom, dtype
+        self.w = {k: v.detach().to(dtype) for k, v in self.normal_weights(weights, geom).items()}
+
+    def normal_weights(self, weights: Mapping[str, Any], geom: Geometry) -> Mapping[str, Any]:
+        """The weights the oracle reads, by normal-form name (a family may check them here)."""
+        return weights
+
     @abc.abstractmethod
     def zero_state(self) -> Any:
         ...
@@ -152,15 +167,31 @@ class Family(abc.ABC):
     tags: ClassVar[tuple[str, ...]]          # model card tags beside "coreai", "no-kv-cache"
     max_chunk: ClassVar[int]                 # the largest prefill chunk its chunked form allows
     shape_keys: ClassVar[tuple[str, ...]]    # config.yaml source.shape keys (synthetic)
+    # Many methods below are, by default, the function of the same name in one of the family's own
+    # modules (``families/<name>/geometry.py``, ``layouts.py``, ``synthetic.py``, ``reference.py``
+    # and :attr:`export_module`), imported when first used; a family overrides a method only where
+    # its code is named or called otherwise.
+    export_module: ClassVar[str] = "export_modules"  # the module of build_decode and build_prefill
+
+    def _own(self, module: str, name: str) -> Any:
+        """``name`` from the family's module ``module`` (``families/<family>/<module>.py``)."""
+        import importlib
+
+        package = type(self).__module__
+        found = getattr(importlib.import_module(f"{package}.{module}"), name, None)
+        if found is None:
+            raise NotImplementedError(f"family {self.name}: {package}.{module} has no {name} "
+                                      f"(write it there, or override the method in {type(self).__name__})")
+        return found
 
     # --- geometry -------------------------------------------------------------------------
     @abc.abstractmethod
     def geometry_from_shape(self, shape: Mapping, where: str | Path) -> Geometry:
         """config.yaml's ``source.shape`` (unknown or missing keys are one-line errors)."""
 
-    @abc.abstractmethod
     def geometry_from_config(self, cfg: Any, where: str | Path) -> Geometry:
         """A checkpoint's config.json (parsed); ``where`` names the file in errors."""
+        return self._own("geometry", "geometry_from_config")(cfg, where)
 
     def geometry_from_tensors(self, shapes: Mapping[str, tuple[int, ...]], layout: str,
                               where: str | Path) -> Geometry | None:
@@ -172,9 +203,9 @@ class Family(abc.ABC):
     def geometry_from_dict(self, d: Mapping) -> Geometry:
         """The inverse of ``Geometry.as_dict`` (what manifest.json / export.json record)."""
 
-    @abc.abstractmethod
     def config_json(self, geom: Geometry) -> dict:
         """config.json for the normal form (written beside the normalised weights)."""
+        return self._own("geometry", "config_json")(geom)
 
     def parameter_count(self, geom: Geometry) -> int:
         import math
@@ -182,19 +213,19 @@ class Family(abc.ABC):
         return sum(math.prod(s) for s in self.normal_shapes(geom).values())
 
     # --- checkpoints ----------------------------------------------------------------------
-    @abc.abstractmethod
     def detect_layout(self, names: Iterable[str]) -> str | None:
         """Which of :attr:`layouts` these tensor names are in; None when they are not this
         family's at all (the registry then asks the other families, for the message)."""
+        return self._own("layouts", "detect_layout")(names)
 
-    @abc.abstractmethod
     def normal_shapes(self, geom: Geometry) -> dict[str, tuple[int, ...]]:
         """Every tensor of the normal form, name -> shape, in the order files store them."""
+        return self._own("geometry", "normal_shapes")(geom)
 
-    @abc.abstractmethod
     def normalize(self, sd: Mapping[str, Any], geom: Geometry, where: str | Path) -> dict[str, Any]:
         """Any accepted layout -> the normal form (in :meth:`normal_shapes` order); every name and
         shape checked. Works on meta tensors too (names and shapes only)."""
+        return self._own("layouts", "normalize")(sd, geom, where)
 
     def streams(self, layout: str) -> bool:
         """Whether ``layout`` normalises tensor by tensor (renames, splits: :meth:`normal_parts`),
@@ -203,12 +234,12 @@ class Family(abc.ABC):
 
     def normal_parts(self, layout: str, name: str, tensor: Any) -> list[tuple[str, Any]]:
         """The normal-form tensors ONE stored tensor of a streaming layout (:meth:`streams`) becomes."""
-        return [(name, tensor)]
+        return self._own("layouts", "normal_parts")(layout, name, tensor)
 
-    @abc.abstractmethod
     def synthetic_tensors(self, geom: Geometry, seed: int) -> Iterator[tuple[str, Any]]:
         """Seeded random weights in the normal form, one tensor at a time, :meth:`normal_shapes`
         order; the same seed gives the same bytes."""
+        return self._own("synthetic", "synthetic_tensors")(geom, seed)
 
     def write_synthetic(self, geom: Geometry, seed: int, out_dir: Path, layout: str) -> Path:
         """The synthetic weights written in ``layout`` (:meth:`write_layout` of them all; a family may
@@ -222,21 +253,22 @@ class Family(abc.ABC):
         weights file."""
 
     # --- math -----------------------------------------------------------------------------
-    @abc.abstractmethod
     def reference(self, weights: Mapping[str, Any], geom: Geometry, dtype: Any = None) -> Reference:
-        """The oracle over normal-form weights (fp32 by default, or fp64)."""
+        """The oracle over normal-form weights (fp32 by default, or fp64): the ``Reference`` class
+        of the family's ``reference`` module."""
+        return self._own("reference", "Reference")(weights, geom, dtype)
 
     @abc.abstractmethod
     def state_specs(self, geom: Geometry) -> list[StateSpec]:
         """The bundle's states, in the order the export modules register them."""
 
-    @abc.abstractmethod
     def build_decode(self, weights: Mapping[str, Any] | Iterable[tuple[str, Any]], geom: Geometry, dtype: Any,
                      each_linear: EachLinear | None = None) -> Any:
         """The decode module (``input_ids`` [1,1] int32, ``position_ids`` [1,1] int32 -> ``logits``
         [1,1,V]) with state buffers named as :meth:`state_specs`, weights loaded strictly; built on
         the meta device, each weight assigned as it comes. ``each_linear(name, linear)`` is called
         once a Linear's weights are in and returns the module to put in its place (quantisation)."""
+        return self._own(self.export_module, "build_decode")(weights, geom, dtype, each_linear)
 
     def decode_skeleton(self, geom: Geometry, dtype: Any) -> Any:
         """The decode module on the meta device, without weights: its linear layers' names and
@@ -246,10 +278,10 @@ class Family(abc.ABC):
         meta = ((n, torch.empty(s, device="meta")) for n, s in self.normal_shapes(geom).items())
         return self.build_decode(meta, geom, dtype)
 
-    @abc.abstractmethod
     def build_prefill(self, decode: Any, chunk: int) -> Any:
         """The prefill module over ``decode``'s own submodules and state buffers (same parameter
         names: weights stored once): ``input_ids`` [1,chunk] -> logits of the last position [1,1,V]."""
+        return self._own(self.export_module, "build_prefill")(decode, chunk)
 
     # --- tokenizer and card ----------------------------------------------------------------
     @abc.abstractmethod

@@ -22,14 +22,14 @@ from pathlib import Path
 
 import torch
 
-from recurrent_coreai import families
 from recurrent_coreai.checkpoints.reader import stream_checkpoint
 from recurrent_coreai.coreai import quantize, toolchain
 from recurrent_coreai.coreai.convert import check_quantized, convert, map_large_allocations, trim_heap
 from recurrent_coreai.coreai.entrypoints import DECODE, by_role
 from recurrent_coreai.pipeline import stage
 from recurrent_coreai.pipeline.paths import bundle_name
-from recurrent_coreai.pipeline.records import EXPORT, read_manifest, write_sealed
+from recurrent_coreai.pipeline.records import EXPORT, write_sealed
+from recurrent_coreai.stages.model_source import family_and_source
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import atomic_path, tree_manifest
 
@@ -125,9 +125,8 @@ def main(argv=None) -> int:
     ns = stage.parser("export", "model", "recipe", "source", "out").parse_args(argv)
     s, _ = stage.setup("export", ns)
     t0 = time.perf_counter()
-    family = families.get(s["models"][ns.model]["family"])
-    read_manifest(Path(ns.source))  # the source stage's bytes, as it recorded them
-    rec = export_recipe(family, Path(ns.source), ns.recipe, s["recipes"][ns.recipe],
+    family, source = family_and_source(s, ns.model, ns.source)
+    rec = export_recipe(family, source, ns.recipe, s["recipes"][ns.recipe],
                         bundle_name(s["models"][ns.model], ns.recipe), Path(ns.out), s["prefill"]["chunk"])
     alone = rec["size_bytes_decode_only"]
     stage.log.info("export %s/%s: %s, %.1f MB (%s without prefill) in %.1f s, peak RSS %.0f MB; "

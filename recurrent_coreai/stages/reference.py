@@ -22,12 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recurrent_coreai import families, tokenizers
+from recurrent_coreai import tokenizers
 from recurrent_coreai.checkpoints.reader import load_checkpoint
 from recurrent_coreai.coreai.entrypoints import split_prompt
 from recurrent_coreai.pipeline import stage
 from recurrent_coreai.pipeline.config import origin, prompt_budgets
-from recurrent_coreai.pipeline.records import STREAM_SEAL, read_manifest, read_vocab, stream_digest
+from recurrent_coreai.pipeline.records import STREAM_SEAL, read_vocab, stream_digest
+from recurrent_coreai.stages.model_source import family_and_source
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import atomic_path
 
@@ -101,11 +102,10 @@ def main(argv=None) -> int:
     ns = stage.parser("reference", "model", "source", "vocab", "out").parse_args(argv)
     s, cfg = stage.setup("reference", ns)
     t0 = time.perf_counter()
-    family = families.get(s["models"][ns.model]["family"])
-    read_manifest(Path(ns.source))  # the bytes the source and vocab stages recorded
-    read_vocab(Path(ns.vocab))
+    family, source = family_and_source(s, ns.model, ns.source)
+    read_vocab(Path(ns.vocab))  # the bytes the vocab stage recorded
     tok = tokenizers.kind(family.tokenizer).load(Path(ns.vocab))
-    stream = reference_stream(family, Path(ns.source), tok, s["gate"]["prompts"], s["gate"]["steps"],
+    stream = reference_stream(family, source, tok, s["gate"]["prompts"], s["gate"]["steps"],
                               origin(cfg), s["prefill"])
     with atomic_path(ns.out) as tmp:
         with open(tmp, "wb") as fh:

@@ -37,6 +37,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
+from recurrent_coreai.tokenizers import round_trip
 from recurrent_coreai.util.errors import PipelineError
 
 EOS = "<|endoftext|>"
@@ -50,16 +51,7 @@ CHAT_DESCRIPTION = "<|endoftext|>, then 'User: {prompt}\\n\\nAssistant:'; end of
 CARRY = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 # Strings every loaded tokenizer must round-trip byte-exactly (str: the UTF-8 of each).
-CHECK_CORPUS: tuple[str, ...] = (
-    "User: hi\n\nAssistant:",
-    "The quick brown fox jumps over the lazy dog.",
-    "日本語のテキストと中文文本，한국어 텍스트도 있습니다。",
-    "Emoji: 😀🦢🏳️‍🌈👩🏽‍💻 and 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𐍈",
-    "NUL\x00inside\x00\x00and\x01\x02\x1f control",
-    "line one\r\nline two\r\n\r\n",
-    " " * 300 + "\t" * 40 + "\n" * 17,
-    "def f(x):\n    return {'a': [1, 2, 3]}  # code\n",
-    "Ελληνικά, русский, العربية, עברית, हिन्दी",
+CHECK_CORPUS: tuple[str, ...] = round_trip.TEXTS + (
     "  leading and trailing spaces  ",
     "".join(chr(c) for c in range(32, 127)),
 )

@@ -15,29 +15,21 @@ import itertools
 from pathlib import Path
 from typing import Iterator, Mapping
 
+from recurrent_coreai.tokenizers import round_trip
+from recurrent_coreai.tokenizers.trie import TrieTokenizer
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.util.fsutil import atomic_path, sha256_file
-from recurrent_coreai.tokenizers.trie import TrieTokenizer
 
 VOCAB_FILE = "rwkv_vocab_v20230424.txt"  # the World vocab file as checkpoints (and the pinned package) name it
 
 WORLD_VOCAB_SIZE = 65529
 
-# Strings the bake must round-trip through both tokenizers: scripts, astral-plane emoji,
-# NUL and other control bytes, CRLF, long whitespace runs and bytes that are not UTF-8.
-CHECK_CORPUS: tuple[bytes, ...] = tuple(s if isinstance(s, bytes) else s.encode("utf-8") for s in (
-    "User: hi\n\nAssistant:",
-    "The quick brown fox jumps over the lazy dog.",
-    "日本語のテキストと中文文本，한국어 텍스트도 있습니다。",
-    "Emoji: 😀🦢🏳️‍🌈👩🏽‍💻 and 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𐍈",
-    "NUL\x00inside\x00\x00and\x01\x02\x1f control",
-    "line one\r\nline two\r\n\r\n",
-    " " * 300 + "\t" * 40 + "\n" * 17,
-    "def f(x):\n    return {'a': [1, 2, 3]}  # code\n",
-    "Ελληνικά, русский, العربية, עברית, हिन्दी",
+# Strings the bake must round-trip through both tokenizers: the shared texts, then bytes that are
+# not UTF-8.
+CHECK_CORPUS: tuple[bytes, ...] = tuple(s.encode("utf-8") for s in round_trip.TEXTS) + (
     b"\xff\xfe invalid \x80\x81 utf-8 \xc3 \xed\xa0\x80 end",
     bytes(range(256)),
-))
+)
 
 
 # --- the original vocab file, from its pinned package ------------------------------------

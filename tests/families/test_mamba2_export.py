@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from mamba2_common import FAMILY, SHAPES, decode_steps, geometry, prefill, tokens, weights
-from recurrent_coreai.families.mamba2.export_modules import MAX_CHUNK, STATE_NAMES, example_inputs
+from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, by_role
+from recurrent_coreai.families.mamba2.export_modules import MAX_CHUNK, STATE_NAMES
 
 TOL_LOGITS = 1e-4
 TOL_STATE = 1e-5
@@ -134,7 +135,7 @@ def test_one_write_per_state_in_the_export_graph(model, chunk):
     name, g, sd, dec = model
     dec.reset()
     mod = dec if chunk == 1 else FAMILY.build_prefill(dec, chunk)
-    ep = torch.export.export(mod, example_inputs(chunk))
+    ep = torch.export.export(mod, by_role(DECODE if chunk == 1 else PREFILL).example_inputs(chunk))
     assert state_writes(ep, STATE_NAMES) == {"convState": 1, "ssmState": 1}
     assert [s.name for s in FAMILY.state_specs(g)] == list(STATE_NAMES)
     assert {s.name: s.shape for s in FAMILY.state_specs(g)} == {n: tuple(getattr(dec, n).shape) for n in STATE_NAMES}

@@ -114,7 +114,7 @@ def broken_reference(old: str, new: str):
     assert src.count(old) == 1, f"the reference changed: {old!r} occurs {src.count(old)} times"
     mod = types.ModuleType("broken_mamba2_reference")
     exec(compile(src.replace(old, new), "broken_mamba2_reference", "exec"), mod.__dict__)
-    return mod.Mamba2Reference
+    return mod.Reference
 
 
 @pytest.mark.parametrize("what,old,new", BREAKS, ids=[b[0] for b in BREAKS])

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from recurrent_coreai.coreai.convert import state_writes
+from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, by_role
 from recurrent_coreai.families import get
-from recurrent_coreai.families.rwkv6.export_modules import decode_example_inputs, prefill_example_inputs
 from recurrent_coreai.families.rwkv6.geometry import Geometry
 
 FAM = get("rwkv6")
@@ -118,7 +118,8 @@ def test_strong_decay_wkv_chunk_has_no_overflow():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_each_state_written_once(sd, dtype):
     dec = FAM.build_decode(sd, G, dtype)
-    for module, inputs in [(dec, decode_example_inputs()), (FAM.build_prefill(dec, 16), prefill_example_inputs(16))]:
+    for module, inputs in [(dec, by_role(DECODE).example_inputs()),
+                           (FAM.build_prefill(dec, 16), by_role(PREFILL).example_inputs(16))]:
         ep = torch.export.export(module, inputs)
         assert state_writes(ep, STATES) == {n: 1 for n in STATES}
         assert set(ep.run_decompositions().graph_signature.buffers_to_mutate.values()) == set(STATES)

@@ -8,7 +8,7 @@ chunk form), export_modules (decode and prefill graphs).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Mapping
 
 from recurrent_coreai.families import base
 from recurrent_coreai.families.mamba2 import geometry as _geometry
@@ -46,9 +46,6 @@ class Mamba2Family(base.Family):
     def geometry_from_shape(self, shape: Mapping, where: str | Path) -> Geometry:
         return _geometry.geometry_from_shape(shape, where)
 
-    def geometry_from_config(self, cfg: Any, where: str | Path) -> Geometry:
-        return _geometry.geometry_from_config(cfg, where)
-
     def geometry_from_dict(self, d: Mapping) -> Geometry:
         return Geometry(**dict(d)).check("geometry record")
 
@@ -58,33 +55,13 @@ class Mamba2Family(base.Family):
         return super().parameter_count(geom) - (geom.vocab * geom.hidden if geom.tie_embeddings else 0)
 
     def config_json(self, geom: Geometry) -> dict:
-        return _geometry.hf_config(geom)
+        return _geometry.hf_config(geom)   # the normal form's (HF) config.json, not mamba_ssm's
 
     # --- checkpoints ---------------------------------------------------------------------
-    def detect_layout(self, names: Iterable[str]) -> str | None:
-        return _layouts.detect_layout(names)
-
-    def normal_shapes(self, geom: Geometry) -> dict[str, tuple[int, ...]]:
-        return _geometry.normal_shapes(geom)
-
-    def normalize(self, sd: Mapping[str, Any], geom: Geometry, where: str | Path) -> dict[str, Any]:
-        return _layouts.normalize(sd, geom, where)
-
     def streams(self, layout: str) -> bool:
         """Neither layout streams: whether lm_head is tied (materialised from the embedding) is in
         config.json, not in the tensor names."""
         return False
-
-    def normal_parts(self, layout: str, name: str, tensor: Any):
-        return _layouts.normal_parts(layout, name, tensor)
-
-    def synthetic_tensors(self, geom: Geometry, seed: int) -> Iterator[tuple[str, Any]]:
-        from recurrent_coreai.families.mamba2 import synthetic
-
-        return synthetic.synthetic_tensors(geom, seed)
-
-    def write_synthetic(self, geom: Geometry, seed: int, out_dir: Path, layout: str) -> Path:
-        return self.write_layout(dict(self.synthetic_tensors(geom, seed)), out_dir, layout, geom=geom)
 
     def write_layout(self, sd: Mapping[str, Any], out_dir: Path, layout: str, geom: Geometry | None = None) -> Path:
         """As the seam says, plus ``geom``: Mamba-2's n_groups and norm eps are not in the tensor
@@ -94,13 +71,6 @@ class Mamba2Family(base.Family):
         return _layouts.write_layout(sd, out_dir, layout, geom)
 
     # --- math ----------------------------------------------------------------------------
-    def reference(self, weights: Mapping[str, Any], geom: Geometry, dtype: Any = None) -> base.Reference:
-        import torch
-
-        from recurrent_coreai.families.mamba2.reference import Mamba2Reference
-
-        return Mamba2Reference(weights, geom, dtype or torch.float32)
-
     def state_specs(self, geom: Geometry) -> list[base.StateSpec]:
         g = geom
         return [
@@ -109,16 +79,6 @@ class Mamba2Family(base.Family):
             base.StateSpec("ssmState", (g.layers, 1, g.heads, g.headdim, g.d_state),
                            "per layer and head: the SSM state, headdim x d_state"),
         ]
-
-    def build_decode(self, weights, geom: Geometry, dtype, each_linear=None):
-        from recurrent_coreai.families.mamba2.export_modules import build_decode
-
-        return build_decode(weights, geom, dtype, each_linear)
-
-    def build_prefill(self, decode, chunk: int):
-        from recurrent_coreai.families.mamba2.export_modules import build_prefill
-
-        return build_prefill(decode, chunk)
 
     # --- card ----------------------------------------------------------------------------
     def card_rows(self, geom: Geometry) -> list[tuple[str, str]]:

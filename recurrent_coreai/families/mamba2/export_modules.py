@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recurrent_coreai.coreai import stateful
 from recurrent_coreai.coreai.layers import linear, wide
 from recurrent_coreai.families.mamba2 import ssd
 from recurrent_coreai.families.mamba2.geometry import Geometry
@@ -150,40 +151,24 @@ def run(m: nn.Module, input_ids: torch.Tensor, T: int) -> torch.Tensor:
     return linear(m.lm_head, h).reshape(1, 1, g.vocab)
 
 
-class Mamba2Decode(nn.Module):
+class Mamba2Decode(stateful.Decode):
     """The decode entry point: one token in, logits out, both states updated once."""
 
     def __init__(self, g: Geometry, dtype: torch.dtype = torch.float32):
-        super().__init__()
-        self.g = g
-        self.backbone = Backbone(g)
-        self.lm_head = nn.Linear(g.hidden, g.vocab, bias=False)
-        self.register_buffer("convState", torch.zeros(g.layers, 1, g.conv_dim, g.conv_kernel, dtype=dtype))
-        self.register_buffer("ssmState", torch.zeros(g.layers, 1, g.heads, g.headdim, g.d_state, dtype=dtype))
-        self.to(dtype)
+        super().__init__(g, dtype, {"backbone": Backbone(g), "lm_head": nn.Linear(g.hidden, g.vocab, bias=False)},
+                         {"convState": (g.layers, 1, g.conv_dim, g.conv_kernel),
+                          "ssmState": (g.layers, 1, g.heads, g.headdim, g.d_state)})
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         del position_ids  # Mamba has no positions; kept as an input for engine parity
         return run(self, input_ids, 1)
 
-    def reset(self) -> None:
-        self.convState.zero_()
-        self.ssmState.zero_()
 
-
-class Mamba2Prefill(nn.Module):
+class Mamba2Prefill(stateful.Prefill):
     """The prefill entry point: ``input_ids`` [1,T] (T static) in, the last position's logits out;
     the decode module's own submodules and state buffers (not copies)."""
 
-    def __init__(self, decode: Mamba2Decode, chunk: int = PREFILL_CHUNK):
-        super().__init__()
-        if not 1 <= chunk <= MAX_CHUNK:
-            raise ValueError(f"prefill chunk must be in 1..{MAX_CHUNK}, got {chunk}")
-        self.g, self.chunk = decode.g, chunk
-        self.backbone = decode.backbone
-        self.lm_head = decode.lm_head
-        self.register_buffer("convState", decode.convState)
-        self.register_buffer("ssmState", decode.ssmState)
+    max_chunk = MAX_CHUNK
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         del position_ids
@@ -194,33 +179,10 @@ def build_prefill(decode: Mamba2Decode, chunk: int = PREFILL_CHUNK) -> Mamba2Pre
     return Mamba2Prefill(decode, chunk).eval()
 
 
-def example_inputs(chunk: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.zeros(1, chunk, dtype=torch.int32), torch.arange(chunk, dtype=torch.int32).reshape(1, chunk)
-
-
 def build_decode(weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], g: Geometry,
                  dtype: torch.dtype, each_linear: Callable[[str, nn.Linear], nn.Module] | None = None) -> Mamba2Decode:
     """The decode module with the normal-form weights loaded strictly: built on the meta device,
-    each weight assigned (cast to ``dtype``) as it comes; ``each_linear(name, linear)`` replaces a
-    Linear as soon as its weight is in (quantisation)."""
-    with torch.device("meta"):
-        module = Mamba2Decode(g, dtype)
-    module.register_buffer("convState", torch.zeros(module.convState.shape, dtype=dtype))
-    module.register_buffer("ssmState", torch.zeros(module.ssmState.shape, dtype=dtype))
-    expected = {n for n, _ in module.named_parameters()}
-    linears = {name: {f"{name}.{p}" for p, _ in mod.named_parameters()}
-               for name, mod in module.named_modules() if isinstance(mod, nn.Linear)}
-    loaded: set[str] = set()
-    for name, tensor in (weights.items() if isinstance(weights, Mapping) else weights):
-        owner, _, leaf = name.rpartition(".")
-        if name not in expected or name in loaded:
-            raise KeyError(f"unexpected weight {name}" + (" (given twice)" if name in loaded else ""))
-        module.get_submodule(owner).load_state_dict({leaf: tensor.to(dtype)}, strict=False, assign=True)
-        loaded.add(name)
-        if each_linear is not None and owner in linears and linears[owner] <= loaded:
-            parent_name, _, attr = owner.rpartition(".")
-            setattr(module.get_submodule(parent_name), attr, each_linear(owner, module.get_submodule(owner)))
-    missing = sorted(expected - loaded)   # by name, not is_meta: a skeleton of meta weights is complete
-    if missing:
-        raise KeyError(f"missing weights {missing[:3]} ({len(missing)} in all)")
-    return module.eval()
+    each weight assigned (cast to ``dtype``) as it comes
+    (:func:`~recurrent_coreai.coreai.stateful.build_on_meta`; ``each_linear`` replaces a Linear as
+    soon as its weight is in)."""
+    return stateful.build_on_meta(lambda: Mamba2Decode(g, dtype), weights, each_linear)

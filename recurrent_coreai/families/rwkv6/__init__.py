@@ -22,9 +22,9 @@ normalisation, writing), :mod:`.synthetic`, :mod:`.reference` (the oracle), :mod
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Iterator, Mapping
+from typing import Any, ClassVar, Mapping
 
-from recurrent_coreai.families.base import EachLinear, Family, StateSpec
+from recurrent_coreai.families.base import Family, StateSpec
 from recurrent_coreai.families.rwkv6 import geometry as _geometry
 from recurrent_coreai.families.rwkv6 import layouts as _layouts
 from recurrent_coreai.families.rwkv6.geometry import Geometry
@@ -64,9 +64,6 @@ class Rwkv6Family(Family):
     def geometry_from_shape(self, shape: Mapping, where: str | Path) -> Geometry:
         return _geometry.geometry_from_shape(self, shape, where)
 
-    def geometry_from_config(self, cfg: Any, where: str | Path) -> Geometry:
-        return _geometry.geometry_from_config(cfg, where)
-
     def geometry_from_tensors(self, shapes: Mapping[str, tuple[int, ...]], layout: str,
                               where: str | Path) -> Geometry | None:
         """Both layouts carry every size in their tensors (the LoRA widths too); config.json of the
@@ -77,39 +74,14 @@ class Rwkv6Family(Family):
     def geometry_from_dict(self, d: Mapping) -> Geometry:
         return _geometry.geometry_from_dict(d)
 
-    def config_json(self, geom: Geometry) -> dict:
-        return _geometry.config_json(geom)
-
     # --- checkpoints ----------------------------------------------------------------------
-    def detect_layout(self, names: Iterable[str]) -> str | None:
-        return _layouts.detect_layout(names)
-
-    def normal_shapes(self, geom: Geometry) -> dict[str, tuple[int, ...]]:
-        return _geometry.normal_shapes(geom)
-
-    def normalize(self, sd: Mapping[str, Any], geom: Geometry, where: str | Path) -> dict[str, Any]:
-        return _layouts.normalize(sd, geom, where)
-
     def streams(self, layout: str) -> bool:
         return layout in _layouts.LAYOUTS      # both are renames: normalised tensor by tensor
-
-    def normal_parts(self, layout: str, name: str, tensor: Any) -> list[tuple[str, Any]]:
-        return _layouts.normal_parts(layout, name, tensor)
-
-    def synthetic_tensors(self, geom: Geometry, seed: int) -> Iterator[tuple[str, Any]]:
-        from recurrent_coreai.families.rwkv6.synthetic import synthetic_tensors
-
-        return synthetic_tensors(geom, seed)
 
     def write_layout(self, sd: Mapping[str, Any], out_dir: Path, layout: str, geom: Geometry | None = None) -> Path:
         return _layouts.write_layout(sd, out_dir, layout)
 
     # --- math -----------------------------------------------------------------------------
-    def reference(self, weights: Mapping[str, Any], geom: Geometry, dtype: Any = None):
-        from recurrent_coreai.families.rwkv6.reference import Reference
-
-        return Reference(weights, geom, dtype)
-
     def state_specs(self, geom: Geometry) -> list[StateSpec]:
         L, H, N, C = geom.layers, geom.heads, geom.head_dim, geom.hidden
         return [
@@ -117,24 +89,6 @@ class Rwkv6Family(Family):
             StateSpec("shiftState", (L, 1, 2, C), "[layer, batch, slot, channel]: previous token's LN1 output "
                       "(slot 0, time mix) and LN2 output (slot 1, channel mix)"),
         ]
-
-    def build_decode(self, weights, geom: Geometry, dtype: Any, each_linear: EachLinear | None = None) -> Any:
-        from recurrent_coreai.families.rwkv6.export_modules import build_decode
-
-        return build_decode(weights, geom, dtype, each_linear)
-
-    def decode_skeleton(self, geom: Geometry, dtype: Any) -> Any:
-        import torch
-
-        from recurrent_coreai.families.rwkv6.export_modules import Rwkv6Decode
-
-        with torch.device("meta"):
-            return Rwkv6Decode(geom, dtype)
-
-    def build_prefill(self, decode: Any, chunk: int) -> Any:
-        from recurrent_coreai.families.rwkv6.export_modules import build_prefill
-
-        return build_prefill(decode, chunk)
 
     # --- card -----------------------------------------------------------------------------
     def card_rows(self, geom: Geometry) -> list[tuple[str, str]]:

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recurrent_coreai.coreai import stateful
 from recurrent_coreai.coreai.layers import last_row, linear, token_shift, wide
 from recurrent_coreai.families.rwkv6 import chunked
 from recurrent_coreai.families.rwkv6.geometry import ATT_LINEARS, MAA, MIX, Geometry
@@ -137,17 +138,12 @@ def run_layers(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-class Rwkv6Decode(nn.Module):
+class Rwkv6Decode(stateful.Decode):
     """One token in, logits out, both states updated once."""
 
     def __init__(self, g: Geometry, dtype: torch.dtype = torch.float32):
-        super().__init__()
-        self.g = g
-        self.rwkv = Backbone(g)
-        self.head = nn.Linear(g.hidden, g.vocab, bias=False)
-        self.register_buffer("recState", torch.zeros(g.layers, 1, g.heads, g.head_dim, g.head_dim, dtype=dtype))
-        self.register_buffer("shiftState", torch.zeros(g.layers, 1, 2, g.hidden, dtype=dtype))
-        self.to(dtype)
+        super().__init__(g, dtype, {"rwkv": Backbone(g), "head": nn.Linear(g.hidden, g.vocab, bias=False)},
+                         {"recState": (g.layers, 1, g.heads, g.head_dim, g.head_dim), "shiftState": (g.layers, 1, 2, g.hidden)})
         for block in self.rwkv.blocks:
             for name in WIDE_PARAMS:
                 p = getattr(block.attention, name)
@@ -158,24 +154,12 @@ class Rwkv6Decode(nn.Module):
         x = run_layers(self, self.rwkv.embeddings(input_ids.reshape(1).to(torch.int64)))
         return linear(self.head, self.rwkv.ln_out(x)).reshape(1, 1, self.g.vocab)
 
-    def reset(self) -> None:
-        self.recState.zero_()
-        self.shiftState.zero_()
 
-
-class Rwkv6Prefill(nn.Module):
+class Rwkv6Prefill(stateful.Prefill):
     """``input_ids`` [1,T] (T static) in, logits of the LAST position [1,1,V] out; the decode
     module's own submodules and state buffers (not copies), so parameter names are identical."""
 
-    def __init__(self, decode: Rwkv6Decode, chunk: int = PREFILL_CHUNK):
-        super().__init__()
-        if not 1 <= chunk <= chunked.MAX_CHUNK:
-            raise ValueError(f"prefill chunk must be in 1..{chunked.MAX_CHUNK}, got {chunk}")
-        self.g, self.chunk = decode.g, chunk
-        self.rwkv = decode.rwkv
-        self.head = decode.head
-        self.register_buffer("recState", decode.recState)
-        self.register_buffer("shiftState", decode.shiftState)
+    max_chunk = chunked.MAX_CHUNK
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         del position_ids
@@ -185,14 +169,6 @@ class Rwkv6Prefill(nn.Module):
 
 def build_prefill(decode: Rwkv6Decode, chunk: int = PREFILL_CHUNK) -> Rwkv6Prefill:
     return Rwkv6Prefill(decode, chunk).eval()
-
-
-def decode_example_inputs() -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32)
-
-
-def prefill_example_inputs(chunk: int = PREFILL_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.zeros(1, chunk, dtype=torch.int32), torch.arange(chunk, dtype=torch.int32).reshape(1, chunk)
 
 
 def module_parts(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
@@ -213,34 +189,7 @@ def module_parts(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tenso
 def build_decode(weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], g: Geometry,
                  dtype: torch.dtype, each_linear: Callable[[str, nn.Linear], nn.Module] | None = None) -> Rwkv6Decode:
     """The decode module with normal-form weights loaded strictly: built on the meta device, each
-    weight assigned (cast to the parameter's dtype) as it comes; ``each_linear(name, linear)`` is
-    called once a Linear's weight is in and returns the module to put in its place."""
-    with torch.device("meta"):
-        module = Rwkv6Decode(g, dtype)
-    module.register_buffer("recState", torch.zeros(module.recState.shape, dtype=dtype))
-    module.register_buffer("shiftState", torch.zeros(module.shiftState.shape, dtype=dtype))
-    linears = {name for name, mod in module.named_modules() if isinstance(mod, nn.Linear)}
-    for normal, tensor in (weights.items() if isinstance(weights, Mapping) else weights):
-        for name, t in module_parts(normal, tensor):
-            owner, _, leaf = name.rpartition(".")
-            try:
-                parent = module.get_submodule(owner)
-            except AttributeError:
-                parent = None
-            target = None if parent is None else parent._parameters.get(leaf)
-            if target is None:
-                raise KeyError(f"unexpected weight {normal}")
-            if tuple(t.shape) != tuple(target.shape):
-                raise KeyError(f"weight {normal} has shape {list(tensor.shape)} (module {name} wants {list(target.shape)})")
-            parent.load_state_dict({leaf: t.to(target.dtype).contiguous()}, strict=False, assign=True)
-            if each_linear is not None and owner in linears and not any(p.is_meta for p in parent.parameters()):
-                parent_name, _, attr = owner.rpartition(".")
-                holder = module.get_submodule(parent_name)
-                if isinstance(holder, nn.ModuleList):
-                    holder[int(attr)] = each_linear(owner, parent)
-                else:
-                    setattr(holder, attr, each_linear(owner, parent))
-    missing = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if t.is_meta]
-    if missing:
-        raise KeyError(f"missing weights {missing[:3]} ({len(missing)} in all)")
-    return module.eval()
+    weight assigned (:func:`module_parts` of it, cast to the parameter's dtype) as it comes
+    (:func:`~recurrent_coreai.coreai.stateful.build_on_meta`; ``each_linear`` replaces a Linear as
+    soon as its weight is in)."""
+    return stateful.build_on_meta(lambda: Rwkv6Decode(g, dtype), weights, each_linear, parts=module_parts)

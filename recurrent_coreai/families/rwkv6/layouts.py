@@ -28,23 +28,27 @@ WEIGHT_FILES = {HF: "model.safetensors", BLINKDL: "model.pth"}
 NORMAL_METADATA = {"format": "pt"}
 LABELS = {HF: "RWKV-6 HF (RWKV/v6-Finch-*-HF) checkpoint", BLINKDL: "BlinkDL x060 .pth"}
 
-# (normal-form prefix, BlinkDL prefix), most specific first
-_HF_TO_BLINK = (
-    (re.compile(r"^rwkv\.embeddings\."), "emb."),
-    (re.compile(r"^rwkv\.blocks\.0\.pre_ln\."), "blocks.0.ln0."),
-    (re.compile(r"^rwkv\.blocks\.(\d+)\.attention\."), r"blocks.\1.att."),
-    (re.compile(r"^rwkv\.blocks\.(\d+)\.feed_forward\."), r"blocks.\1.ffn."),
-    (re.compile(r"^rwkv\.blocks\.(\d+)\.(ln[12])\."), r"blocks.\1.\2."),
-    (re.compile(r"^rwkv\.ln_out\."), "ln_out."),
+# The one rename between the layouts: (normal-form prefix, BlinkDL prefix), most specific first;
+# {i} stands for a layer index. Each direction is compiled from it.
+_PREFIXES = (
+    ("rwkv.embeddings.", "emb."),
+    ("rwkv.blocks.0.pre_ln.", "blocks.0.ln0."),
+    ("rwkv.blocks.{i}.attention.", "blocks.{i}.att."),
+    ("rwkv.blocks.{i}.feed_forward.", "blocks.{i}.ffn."),
+    ("rwkv.blocks.{i}.ln1.", "blocks.{i}.ln1."),
+    ("rwkv.blocks.{i}.ln2.", "blocks.{i}.ln2."),
+    ("rwkv.ln_out.", "ln_out."),
 )
-_BLINK_TO_HF = (
-    (re.compile(r"^emb\."), "rwkv.embeddings."),
-    (re.compile(r"^blocks\.0\.ln0\."), "rwkv.blocks.0.pre_ln."),
-    (re.compile(r"^blocks\.(\d+)\.att\."), r"rwkv.blocks.\1.attention."),
-    (re.compile(r"^blocks\.(\d+)\.ffn\."), r"rwkv.blocks.\1.feed_forward."),
-    (re.compile(r"^blocks\.(\d+)\.(ln[12])\."), r"rwkv.blocks.\1.\2."),
-    (re.compile(r"^ln_out\."), "rwkv.ln_out."),
-)
+
+
+def _direction(pairs) -> tuple[tuple[re.Pattern, str], ...]:
+    """(pattern matching a ``from`` prefix, its replacement) for each (from, to) prefix pair."""
+    return tuple((re.compile("^" + re.escape(src).replace(re.escape("{i}"), r"(\d+)")), dst.replace("{i}", r"\1"))
+                 for src, dst in pairs)
+
+
+_HF_TO_BLINK = _direction(_PREFIXES)
+_BLINK_TO_HF = _direction((blink, hf) for hf, blink in _PREFIXES)
 
 
 def _rename(name: str, table) -> str | None:

@@ -39,12 +39,8 @@ class State:
 
 
 class Reference(base.Reference):
-    def __init__(self, weights: Mapping[str, torch.Tensor], geom: Geometry, dtype: torch.dtype | None = None):
-        dtype = dtype or torch.float32
-        if dtype not in (torch.float32, torch.float64):
-            raise ValueError("the reference runs in float32 or float64")
-        self.g, self.dtype = geom, dtype
-        self.w = {k: v.to(dtype) for k, v in normalize(weights, geom, "reference weights").items()}
+    def normal_weights(self, weights: Mapping[str, torch.Tensor], geom: Geometry) -> dict[str, torch.Tensor]:
+        return normalize(weights, geom, "reference weights")
 
     @property
     def ln_x_eps(self) -> float:

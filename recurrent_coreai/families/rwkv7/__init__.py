@@ -38,6 +38,7 @@ class Rwkv7Family(base.Family):
     card_summary = ('RWKV-7 ("Goose", x070) is a recurrent language model: decoding costs O(1) per token and the '
                     "whole context lives in two fixed-size states, so there is **no KV cache** and memory does not "
                     "grow with the conversation.")
+    export_module = "export_graph"
     export_sources = ("recurrent_coreai/families/rwkv7/export_graph.py", "recurrent_coreai/families/rwkv7/chunked.py",
                       "recurrent_coreai/coreai/entrypoints.py")
 
@@ -62,18 +63,8 @@ class Rwkv7Family(base.Family):
         return geom.to_hf_config()
 
     # --- checkpoints ----------------------------------------------------------------------
-    def detect_layout(self, names):
-        from recurrent_coreai.families.rwkv7.layouts import detect_layout
-
-        return detect_layout(names)
-
     def normal_shapes(self, geom: Geometry) -> dict[str, tuple[int, ...]]:
         return expected_shapes(geom)
-
-    def normalize(self, sd, geom, where):
-        from recurrent_coreai.families.rwkv7.layouts import normalize
-
-        return normalize(sd, geom, where)
 
     def streams(self, layout: str) -> bool:
         return layout in ("fla-split", "fla-packed")
@@ -82,11 +73,6 @@ class Rwkv7Family(base.Family):
         from recurrent_coreai.families.rwkv7.layouts import normal_parts
 
         return normal_parts(name, tensor)
-
-    def synthetic_tensors(self, geom, seed):
-        from recurrent_coreai.families.rwkv7.synthetic import synthetic_tensors
-
-        return synthetic_tensors(geom, seed)
 
     def write_synthetic(self, geom, seed: int, out_dir: Path, layout: str) -> Path:
         from recurrent_coreai.families.rwkv7.synthetic import write_synthetic
@@ -104,13 +90,6 @@ class Rwkv7Family(base.Family):
         return path
 
     # --- math -----------------------------------------------------------------------------
-    def reference(self, weights, geom, dtype=None):
-        import torch
-
-        from recurrent_coreai.families.rwkv7.reference import Reference
-
-        return Reference(weights, geom, dtype or torch.float32)
-
     def state_specs(self, geom: Geometry) -> list[base.StateSpec]:
         L, H, N, C = geom.layers, geom.heads, geom.head_dim, geom.hidden
         return [base.StateSpec("recState", (L, 1, H, N, N),
@@ -119,24 +98,6 @@ class Rwkv7Family(base.Family):
                 base.StateSpec("shiftState", (L, 1, 2, C),
                                "[layers, batch, 2, hidden]: per layer, slot 0 = previous token for time-mix, "
                                "slot 1 = for channel-mix")]
-
-    def build_decode(self, weights, geom, dtype, each_linear=None):
-        from recurrent_coreai.families.rwkv7.export_graph import build_decode
-
-        return build_decode(weights, geom, dtype, each_linear)
-
-    def decode_skeleton(self, geom, dtype):
-        import torch
-
-        from recurrent_coreai.families.rwkv7.export_graph import RWKV7Decode
-
-        with torch.device("meta"):
-            return RWKV7Decode(geom, dtype)
-
-    def build_prefill(self, decode, chunk: int):
-        from recurrent_coreai.families.rwkv7.export_graph import build_prefill
-
-        return build_prefill(decode, chunk)
 
     # --- card -----------------------------------------------------------------------------
     def card_rows(self, geom: Geometry) -> list[tuple[str, str]]:

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recurrent_coreai.coreai import stateful
 from recurrent_coreai.coreai.layers import last_row, linear, token_shift, wide
 from recurrent_coreai.families.rwkv7 import chunked
 from recurrent_coreai.families.rwkv7.geometry import MIXERS, Geometry
@@ -168,17 +169,12 @@ def run_layers(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-class RWKV7Decode(nn.Module):
+class RWKV7Decode(stateful.Decode):
     """The decode entry point: one token in, logits out, both states updated once."""
 
     def __init__(self, g: Geometry, dtype: torch.dtype = torch.float32):
-        super().__init__()
-        self.g = g
-        self.model = Backbone(g)
-        self.lm_head = nn.Linear(g.hidden, g.vocab, bias=False)
-        self.register_buffer("recState", torch.zeros(g.layers, 1, g.heads, g.head_dim, g.head_dim, dtype=dtype))
-        self.register_buffer("shiftState", torch.zeros(g.layers, 1, 2, g.hidden, dtype=dtype))
-        self.to(dtype)
+        super().__init__(g, dtype, {"model": Backbone(g), "lm_head": nn.Linear(g.hidden, g.vocab, bias=False)},
+                         {"recState": (g.layers, 1, g.heads, g.head_dim, g.head_dim), "shiftState": (g.layers, 1, 2, g.hidden)})
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         del position_ids  # RWKV has no positions; kept as an input for engine parity
@@ -186,30 +182,17 @@ class RWKV7Decode(nn.Module):
         logits = linear(self.lm_head, self.model.norm(x))
         return logits.reshape(1, 1, self.g.vocab)
 
-    def reset(self) -> None:
-        self.recState.zero_()
-        self.shiftState.zero_()
 
-
-class RWKV7Prefill(nn.Module):
+class RWKV7Prefill(stateful.Prefill):
     """The prefill entry point: ``input_ids`` [1,T] (T static) in, logits of the LAST position
     [1,1,V] out, both states read and written once — the same states as decode.
 
-    It holds the decode module's own submodules and state buffers (not copies), so the parameter
-    names are identical (``model.layers.0.attn.r_proj.weight`` …, ``lm_head.weight``): the
-    converter stores each weight once for both functions, a quantised decode module gives a
-    quantised prefill, and in eager torch prefill and decode share the states in place.
+    It holds the decode module's own submodules and state buffers (not copies, see
+    :class:`~recurrent_coreai.coreai.stateful.Prefill`), so the parameter names are identical
+    (``model.layers.0.attn.r_proj.weight`` …, ``lm_head.weight``).
     """
 
-    def __init__(self, decode: RWKV7Decode, chunk: int = PREFILL_CHUNK):
-        super().__init__()
-        if not 1 <= chunk <= chunked.MAX_CHUNK:
-            raise ValueError(f"prefill chunk must be in 1..{chunked.MAX_CHUNK}, got {chunk}")
-        self.g, self.chunk = decode.g, chunk
-        self.model = decode.model
-        self.lm_head = decode.lm_head
-        self.register_buffer("recState", decode.recState)
-        self.register_buffer("shiftState", decode.shiftState)
+    max_chunk = chunked.MAX_CHUNK
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         del position_ids  # RWKV has no positions; kept as an input for engine parity
@@ -225,32 +208,7 @@ def build_prefill(decode: RWKV7Decode, chunk: int = PREFILL_CHUNK) -> RWKV7Prefi
 
 def build_decode(weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], g: Geometry,
                  dtype: torch.dtype, each_linear: Callable[[str, nn.Linear], nn.Module] | None = None) -> RWKV7Decode:
-    """The decode module with the (normalised, HF-named) weights loaded strictly.
-
-    The module is built on the meta device and each weight is assigned as it comes (a mapping,
-    or (name, tensor) pairs such as :func:`.checkpoint.stream_checkpoint` yields), cast to
-    ``dtype`` (no copy if it has it already): no random init, no second copy of the model.
-    ``each_linear(name, linear)``, if given, is called as soon as a Linear's weights are all in
-    and returns the module to put in its place (e.g. the linear quantised) before more is read.
-    """
-    with torch.device("meta"):
-        module = RWKV7Decode(g, dtype)
-    module.register_buffer("recState", torch.zeros(module.recState.shape, dtype=dtype))
-    module.register_buffer("shiftState", torch.zeros(module.shiftState.shape, dtype=dtype))
-    linears = {name for name, mod in module.named_modules() if isinstance(mod, nn.Linear)}
-    for name, tensor in (weights.items() if isinstance(weights, Mapping) else weights):
-        owner, _, leaf = name.rpartition(".")
-        try:
-            parent = module.get_submodule(owner)
-        except AttributeError:
-            parent = None
-        result = None if parent is None else parent.load_state_dict({leaf: tensor.to(dtype)}, strict=False, assign=True)
-        if parent is None or result.unexpected_keys:
-            raise KeyError(f"unexpected weight {name}")
-        if each_linear is not None and owner in linears and not any(t.is_meta for t in parent.parameters()):
-            parent_name, _, attr = owner.rpartition(".")
-            setattr(module.get_submodule(parent_name), attr, each_linear(owner, parent))
-    missing = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if t.is_meta]
-    if missing:
-        raise KeyError(f"missing weights {missing[:3]} ({len(missing)} in all)")
-    return module.eval()
+    """The decode module with the (normalised, HF-named) weights loaded strictly: built on the meta
+    device, each weight assigned as it comes, cast to ``dtype`` (:func:`~recurrent_coreai.coreai.stateful.build_on_meta`;
+    ``each_linear`` replaces a Linear as soon as its weights are in)."""
+    return stateful.build_on_meta(lambda: RWKV7Decode(g, dtype), weights, each_linear)
