@@ -78,15 +78,22 @@ def test_a_param_key_config_yaml_lacks_is_not_given_to_dvc():
 def test_each_stage_fingerprints_its_own_code_and_no_other_stages(rule):
     """A stage's code fingerprint (Snakemake params: code, DVC deps) covers its script and the
     module holding its main, and no other stage's: editing one stage reruns that stage only
-    (end to end for a sample: tests/test_pipeline_integration.py)."""
+    (end to end for a sample: tests/test_pipeline_integration.py) -- and the publish stage,
+    which attests the code of every stage that built its bundles (provenance)."""
     script, module = fingerprint.ENTRY[rule]
     files = set(fingerprint.code_files(rule))
     assert {f"scripts/{script}.py", f"recurrent_coreai/{module.replace('.', '/')}.py"} <= files
     assert module in fingerprint.modules(rule)
-    others = {f"scripts/{s}.py" for r, (s, _) in fingerprint.ENTRY.items() if r != rule}
+    attested = fingerprint.ATTESTED if rule == "stage_and_push" else ()
+    others = {f"scripts/{s}.py" for r, (s, _) in fingerprint.ENTRY.items() if r != rule and r not in attested}
     with_family = set(fingerprint.code_files(rule, "rwkv7"))
     for fs in (files, with_family):
         assert not fs & others, f"{rule} also fingerprints {sorted(fs & others)}"
+    for other in attested:  # publish: all of each attested stage's code, with the family's
+        assert set(fingerprint.code_files(other, "rwkv7")) <= with_family, other
+    if rule in fingerprint.FAMILY_RULES:  # a family's tokenizer kind is loaded by name: it counts too
+        kind = f"recurrent_coreai/{fingerprint.tokenizer_module('mamba2').replace('.', '/')}.py"
+        assert kind in fingerprint.code_files(rule, "mamba2") and kind not in fingerprint.code_files(rule, "rwkv7")
     before = fingerprint.digest(rule)
     assert len(before) == 64 and before == fingerprint.digest(rule)
     # a family's folder counts for the stages that run family code, and only for those

@@ -7,8 +7,9 @@ the card (and what depends on it), editing the reference stage reruns the refere
 publish stage, below) — and nothing else does.
 
 Families are imported by name at run time (``families.get(name)``), which no ``import`` statement
-shows: a stage that runs a family's code (:data:`FAMILY_RULES`) gets that family's folder in its
-fingerprint through :func:`digest` with ``family=``. So editing ``families/rwkv7/`` reruns the
+shows: a stage that runs a family's code (:data:`FAMILY_RULES`) gets that family's folder and its
+tokenizer kind's module (also loaded by name) in its fingerprint through :func:`digest` with
+``family=``. So editing ``families/rwkv7/`` reruns the
 RWKV-7 models' stages that use family code and nothing of another family's models.
 
 The publish stage attests the code that built each bundle (hub/provenance.py records
@@ -112,13 +113,21 @@ def modules(rule: str) -> tuple[str, ...]:
     return module_closure(ENTRY[rule][1])
 
 
+def tokenizer_module(family: str) -> str:
+    """The tokenizer kind module ``family`` uses: loaded by name too (``tokenizers.kind``)."""
+    from recurrent_coreai import families, tokenizers
+
+    return f"tokenizers.{tokenizers.KINDS[families.get(family).tokenizer]}"
+
+
 def family_modules(family: str) -> tuple[str, ...]:
-    """Every module of ``families/<family>/`` and what they import (the shared layers)."""
+    """Every module of ``families/<family>/``, its tokenizer kind's, and what they import (the
+    shared layers)."""
     folder = PACKAGE / "families" / family
     start = sorted(f"families.{family}." + p.relative_to(folder).with_suffix("").as_posix().replace("/", ".")
                    for p in folder.rglob("*.py") if p.name != "__init__.py")
     found: set[str] = set()
-    for m in [f"families.{family}", *start]:
+    for m in [f"families.{family}", *start, tokenizer_module(family)]:
         found |= set(module_closure(m))
     return tuple(sorted(found))
 
