@@ -6,7 +6,7 @@ rule doctor:
     # checkpoint and the recipe's bundle. A fatal/silent finding fails the build (exit 2, one
     # line); the JSON (every target's report) lands beside the gate result.
     input:
-        sources=lambda w: list(family_of(w.model).export_sources),
+        sources=lambda w: list(family_of(w.model).doctor_sources()),
         checkpoint=str(OUT.source),
         export=str(OUT.export("{recipe}")),
     output:

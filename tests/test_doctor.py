@@ -13,7 +13,7 @@ from recurrent_coreai.pipeline.paths import Layout
 
 RESULTS = None  # the tiny results tree (conftest)
 M = "rwkv7-tiny"
-SOURCES = families.get("rwkv7").export_sources  # what the doctor rule passes as --sources
+SOURCES = families.get("rwkv7").doctor_sources()  # what the doctor rule passes as --sources
 
 
 def _args(repo_root, out, sources=None, **kw):

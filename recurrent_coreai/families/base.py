@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping
 
+from recurrent_coreai.coreai import TRACED_SOURCES
+
 # Roles a recipe may name instead of a raw regex (config: recipes.<r>.quantize.roles). A family maps
 # each to a pattern over its decode module's linear names; a role a family does not have matches
 # nothing there.
@@ -291,6 +293,10 @@ class Family(abc.ABC):
     min_vocab: ClassVar[int] = 1             # the smallest vocab its tokenizer's ids fit in (config check)
     card_summary: ClassVar[str] = ""         # the card's paragraph on the architecture
     export_sources: ClassVar[tuple[str, ...]] = ()  # repo-relative files coreai doctor lints
+
+    def doctor_sources(self) -> tuple[str, ...]:
+        """What coreai doctor lints for this family: the shared traced layers and its export sources."""
+        return (*TRACED_SOURCES, *self.export_sources)
 
     def describe(self) -> str:
         return f"{self.name} ({self.display_name})"

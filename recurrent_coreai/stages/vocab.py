@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recurrent_coreai import families, tokenizers
+from recurrent_coreai import tokenizers
 from recurrent_coreai.pipeline import stage
-from recurrent_coreai.pipeline.records import read_manifest, write_vocab_record
+from recurrent_coreai.pipeline.records import write_vocab_record
+from recurrent_coreai.stages.model_source import family_and_source
 from recurrent_coreai.util.errors import main_guard
 
 
@@ -16,8 +17,7 @@ def main(argv=None) -> int:
     """``scripts/vocab.py --model M --source DIR --out DIR``."""
     ns = stage.parser("vocab", "model", "source", "out").parse_args(argv)
     s, _ = stage.setup("vocab", ns)
-    family = families.get(s["models"][ns.model]["family"])
-    read_manifest(Path(ns.source))  # the source stage's bytes, as it recorded them
-    report = tokenizers.kind(family.tokenizer).bake_stage(Path(ns.source), Path(ns.out), s["vocab"])
+    family, source = family_and_source(s, ns.model, ns.source)  # the source's bytes, as its stage recorded them
+    report = tokenizers.kind(family.tokenizer).bake_stage(source, Path(ns.out), s["vocab"])
     write_vocab_record(Path(ns.out))  # the digest of every file it wrote (pipeline/records.py)
     stage.log.info("vocab %s (%s): %s -> %s", ns.model, family.tokenizer, report["summary"], ns.out)
