@@ -24,13 +24,13 @@ class HTTPFailure(Exception):
 
 @pytest.mark.parametrize("status", [404, 410])
 def test_a_persistent_http_error_does_not_say_retry(status):
-    what, fix = download._describe(HTTPFailure(status))
+    what, fix = download.describe_download_failure(HTTPFailure(status))
     assert what == f"download failed (HTTP {status}: Entry not found): the Hub has no such file at this revision"
     assert fix.startswith("check source.repo, source.revision and allow_patterns") and not fix.startswith("retry")
 
 
 def test_a_server_error_still_says_retry():
-    what, fix = download._describe(HTTPFailure(500))
+    what, fix = download.describe_download_failure(HTTPFailure(500))
     assert what == "download failed (HTTP 500: Entry not found)" and fix.startswith("retry:")
 
 

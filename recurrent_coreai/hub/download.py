@@ -59,7 +59,7 @@ def fetch_hf(repo: str, revision: str, allow_patterns: list[str] | None) -> Path
     try:
         snapshot = Path(snapshot_download(repo_id=repo, revision=revision, allow_patterns=allow_patterns))
     except (hf_errors.HfHubHTTPError, OSError, httpx2.TransportError) as exc:
-        failure = _describe(exc)
+        failure = describe_download_failure(exc)
     # raised outside the except block: no chained client exception (whose text could carry anything) survives
     if failure is not None:
         raise hub_error(where, *failure, client_token())
@@ -69,7 +69,7 @@ def fetch_hf(repo: str, revision: str, allow_patterns: list[str] | None) -> Path
     return snapshot
 
 
-def _describe(exc: BaseException) -> tuple[str, str]:
+def describe_download_failure(exc: BaseException) -> tuple[str, str]:
     """(what, fix) for an exception of ``snapshot_download``."""
     import httpx2
     from huggingface_hub import constants
