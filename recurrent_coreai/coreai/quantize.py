@@ -4,12 +4,18 @@ We decide ourselves which ``nn.Linear`` gets quantised and hand coreai-opt one e
 pattern per layer, because coreai-opt silently skips a linear whose input width is not a
 multiple of the block. The plan (quantised / kept, with the reason) goes into the export's
 metadata, and after ``finalize`` we check that coreai-opt did exactly what was planned.
+
+A linear whose weight is TIED to another tensor (a head tied to the embedding: the family's
+``tied_linears``) is stored once with it in an fp16 bundle (the converter keeps one copy of equal
+weights). Quantising it would add an int8 copy beside the fp16 table the other user still reads,
+so a role never quantises a tied linear; a raw ``include`` pattern that matches it does, and its
+row says that the table is then held twice.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import torch
 from torch import nn
@@ -17,17 +23,24 @@ from torch import nn
 from recurrent_coreai.util.errors import PipelineError
 
 
-def resolve_roles(q: dict, roles: dict[str, str], recipe_name: str = "?") -> dict:
+def resolve_roles(q: dict, roles: dict[str, str], recipe_name: str = "?",
+                  tied: Mapping[str, str] | None = None) -> dict:
     """The recipe's ``quantize`` with its ``roles`` (``mlp``, ``lm_head``, … : families.base.ROLES)
-    turned into the family's patterns, ahead of any raw ``include`` patterns; unchanged without roles."""
-    if not q.get("roles"):
+    turned into the family's patterns, ahead of any raw ``include`` patterns; unchanged without
+    roles and ties. ``tied``: linear name -> the tensor its weight is tied to; :func:`plan` keeps
+    such a linear unless a raw ``include`` pattern (``include_raw``) names it."""
+    if not q.get("roles") and not tied:
         return q
-    unknown = [r for r in q["roles"] if r not in roles]
+    unknown = [r for r in q.get("roles", []) if r not in roles]
     if unknown:
         raise PipelineError(f"recipe {recipe_name}", f"quantize.roles names {unknown[0]!r}, which this model's family "
                             f"does not define (it has {', '.join(sorted(roles))})",
                             f"fix recipes/{recipe_name}/quantize/roles")
-    return {**q, "include": [roles[r] for r in q["roles"]] + list(q.get("include", []))}
+    raw = list(q.get("include", []))
+    out = {**q, "include": [roles[r] for r in q.get("roles", [])] + raw}
+    if tied:
+        out.update(tied=dict(tied), include_raw=raw)
+    return out
 
 
 def matching_pattern(name: str, patterns: Iterable[str]) -> str | None:
@@ -39,20 +52,31 @@ def matching_pattern(name: str, patterns: Iterable[str]) -> str | None:
 
 
 def plan(module: nn.Module, q: dict, dtype_name: str) -> list[dict]:
-    """One row per linear layer: name, shape, action (``int8``/``int4`` or the kept dtype), reason."""
+    """One row per linear layer: name, shape, action (``int8``/``int4`` or the kept dtype), reason;
+    a tied linear's row (``q["tied"]``, :func:`resolve_roles`) also names what it is tied to."""
     kept = "fp16" if dtype_name == "float16" else "fp32"
+    tied = q.get("tied", {})
     rows = []
     for name, mod in module.named_modules():
         if not isinstance(mod, nn.Linear):
             continue
         row = {"layer": name, "shape": list(mod.weight.shape)}
+        if name in tied:
+            row["tied_to"] = tied[name]
         inc, exc = matching_pattern(name, q["include"]), matching_pattern(name, q.get("exclude", []))
+        raw = matching_pattern(name, q.get("include_raw", q["include"])) if name in tied else None
         if inc is None:
             row.update(action=kept, reason="not matched by include")
         elif exc is not None:
             row.update(action=kept, reason=f"excluded by {exc!r}")
+        elif name in tied and raw is None:
+            row.update(action=kept, reason=f"tied to {tied[name]}: one {kept} table serves both, and a role does "
+                                           "not quantise a tied linear")
         elif mod.in_features % q["block_size"]:
             row.update(action=kept, reason=f"input width {mod.in_features} is not a multiple of block {q['block_size']}")
+        elif name in tied:
+            row.update(action=f"int{q['bits']}", reason=f"matched {raw!r}, although tied to {tied[name]}: "
+                                                         f"the bundle holds that table in {kept} and this int{q['bits']} copy")
         else:
             row.update(action=f"int{q['bits']}", reason=f"matched {inc!r}")
         rows.append(row)
@@ -75,9 +99,11 @@ def chosen(rows: list[dict], q: dict, recipe_name: str = "?") -> list[str]:
     names = [r["layer"] for r in rows if r["action"].startswith("int")]
     if not names:
         widths = sorted({r["shape"][1] for r in rows})
+        tied = [r["layer"] for r in rows if "tied_to" in r]
         raise PipelineError(f"recipe {recipe_name}", f"quantize.include {q['include']} matches no linear layer that "
-                            f"can be quantised (input widths {widths[:6]}, block {q['block_size']})",
-                            f"fix recipes/{recipe_name}/quantize: include/exclude patterns or block_size")
+                            f"can be quantised (input widths {widths[:6]}, block {q['block_size']}"
+                            + (f"; tied {', '.join(tied)} kept: a role does not quantise a tied linear" if tied else "")
+                            + ")", f"fix recipes/{recipe_name}/quantize: include/exclude patterns or block_size")
     return names
 
 

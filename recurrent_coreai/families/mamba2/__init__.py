@@ -54,6 +54,11 @@ class Mamba2Family(base.Family):
         form holds it twice)."""
         return super().parameter_count(geom) - (geom.vocab * geom.hidden if geom.tie_embeddings else 0)
 
+    def tied_linears(self, geom: Geometry) -> dict[str, str]:
+        """Decode-module linears whose weight is tied to another tensor: a tied head is the embedding
+        table (one fp16 copy in the bundle serves the lookup and the head, so roles keep it)."""
+        return {"lm_head": "backbone.embeddings.weight"} if geom.tie_embeddings else {}
+
     def config_json(self, geom: Geometry) -> dict:
         return _geometry.hf_config(geom)   # the normal form's (HF) config.json, not mamba_ssm's
 
