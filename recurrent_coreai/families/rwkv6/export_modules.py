@@ -17,7 +17,11 @@ Rules the device taught the RWKV-7 port, kept here:
   name or keep them;
 * the decay logit, its exp(-exp(.)) and the whole recurrence in at least fp32
   (:func:`coreai.layers.wide`), whatever the graph's dtype; ``time_decay`` and ``time_faaaa`` are
-  held in fp32 even in an fp16 graph (as the rwkv package does); ln_x (GroupNorm, eps 64e-5) in fp32.
+  held in fp32 even in an fp16 graph (as the rwkv package does); ln_x (GroupNorm, eps 64e-5) in fp32;
+* fp16 only, the rwkv package's guard against fp16 overflow of the residual stream (its
+  ``RWKV_RESCALE_LAYER`` = 6): block i's ``attention.output`` and ``feed_forward.value`` divided
+  by 2**(i // 6) at build time, x halved after every 6th block (:func:`build_decode`); nothing
+  changes below 7 layers, nor in fp32 (docs/measurements/2026-12-01-rwkv6-fp16-rescale.md).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from recurrent_coreai.families.rwkv6 import chunked
 from recurrent_coreai.families.rwkv6.geometry import ATT_LINEARS, MAA, MIX, Geometry
 
 PREFILL_CHUNK = 64
+RESCALE_EVERY = 6     # fp16 only: x halved after every 6th block, output/value of layer i divided by 2**(i//6)
+RESCALED = ("attention.output.weight", "feed_forward.value.weight")
 WIDE_PARAMS = ("time_decay", "time_faaaa")   # kept in fp32 (at least) in every graph
 STATE_NAMES = ("recState", "shiftState")
 
@@ -127,12 +133,15 @@ class Backbone(nn.Module):
 
 
 def run_layers(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """x [T,C] through every block of ``m.rwkv`` from ``m``'s states; ONE write per state, at the end."""
+    """x [T,C] through every block of ``m.rwkv`` from ``m``'s states; ONE write per state, at the end.
+    In a rescaled module (fp16) x is halved after every ``m.rescale_every``-th block."""
     recs, shifts = [], []
     for i, block in enumerate(m.rwkv.blocks):
         x, att, ffn, S = block.step(x, m.shiftState[i, :, 0], m.shiftState[i, :, 1], m.recState[i])
         recs.append(S)
         shifts.append(torch.stack([att, ffn], dim=1))                                          # [1,2,C]
+        if m.rescale_every and (i + 1) % m.rescale_every == 0:
+            x = x * 0.5
     m.recState.copy_(torch.stack(recs))
     m.shiftState.copy_(torch.stack(shifts).to(m.shiftState.dtype))
     return x
@@ -141,9 +150,13 @@ def run_layers(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
 class Rwkv6Decode(stateful.Decode):
     """One token in, logits out, both states updated once."""
 
-    def __init__(self, g: Geometry, dtype: torch.dtype = torch.float32):
+    def __init__(self, g: Geometry, dtype: torch.dtype = torch.float32, rescale_every: int = 0):
+        if rescale_every and dtype != torch.float16:
+            raise ValueError(f"the fp16 rescale (rescale_every={rescale_every}) applies to fp16 only, not {dtype}: "
+                             "elsewhere LayerNorm's eps makes it inexact and the range needs none")
         super().__init__(g, dtype, {"rwkv": Backbone(g), "head": nn.Linear(g.hidden, g.vocab, bias=False)},
                          {"recState": (g.layers, 1, g.heads, g.head_dim, g.head_dim), "shiftState": (g.layers, 1, 2, g.hidden)})
+        self.rescale_every = int(rescale_every)
         for block in self.rwkv.blocks:
             for name in WIDE_PARAMS:
                 p = getattr(block.attention, name)
@@ -160,6 +173,10 @@ class Rwkv6Prefill(stateful.Prefill):
     module's own submodules and state buffers (not copies), so parameter names are identical."""
 
     max_chunk = chunked.MAX_CHUNK
+
+    def __init__(self, decode: Rwkv6Decode, chunk: int):
+        super().__init__(decode, chunk)
+        self.rescale_every = decode.rescale_every      # the decode module's weights are rescaled or not
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         del position_ids
@@ -186,10 +203,36 @@ def module_parts(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tenso
     return [(name, tensor)]
 
 
+def rescaled_parts(rescale_every: int) -> Callable[[str, torch.Tensor], list[tuple[str, torch.Tensor]]]:
+    """:func:`module_parts`, with ``attention.output`` and ``feed_forward.value`` of block i divided
+    by 2**(i // rescale_every) (exact: a power of two); the others, and block i < rescale_every,
+    untouched (the very tensor given)."""
+    def parts(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        if rescale_every and name.endswith(RESCALED):
+            shift = int(name.split(".")[2]) // rescale_every      # rwkv.blocks.<i>.
+            if shift:
+                return [(name, tensor / float(2 ** shift))]
+        return module_parts(name, tensor)
+    return parts
+
+
 def build_decode(weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], g: Geometry,
-                 dtype: torch.dtype, each_linear: Callable[[str, nn.Linear], nn.Module] | None = None) -> Rwkv6Decode:
+                 dtype: torch.dtype, each_linear: Callable[[str, nn.Linear], nn.Module] | None = None,
+                 rescale_every: int | None = None) -> Rwkv6Decode:
     """The decode module with normal-form weights loaded strictly: built on the meta device, each
     weight assigned (:func:`module_parts` of it, cast to the parameter's dtype) as it comes
     (:func:`~recurrent_coreai.coreai.stateful.build_on_meta`; ``each_linear`` replaces a Linear as
-    soon as its weight is in)."""
-    return stateful.build_on_meta(lambda: Rwkv6Decode(g, dtype), weights, each_linear, parts=module_parts)
+    soon as its weight is in).
+
+    ``rescale_every`` (None: :data:`RESCALE_EVERY` in fp16, 0 otherwise; 0: off) is the rwkv
+    package's fp16 guard (``RWKV_RESCALE_LAYER``): block i's ``attention.output`` and
+    ``feed_forward.value`` weights divided by 2**(i // 6) and x halved after every 6th block, so
+    the residual stream of block i is the true one / 2**(i // 6) and ln_out sees the final one /
+    2**(L // 6). Every state is a LayerNorm output (shift rows) or made from one (r, k, v, w, g of
+    LN1's output): scale-free, so the states stay the reference's; only LayerNorm's eps sees the
+    scale (eps * 4**n instead of eps), which is why BlinkDL and this build apply it in fp16 only
+    (asked for another dtype it is refused)."""
+    if rescale_every is None:
+        rescale_every = RESCALE_EVERY if dtype == torch.float16 else 0
+    return stateful.build_on_meta(lambda: Rwkv6Decode(g, dtype, rescale_every), weights, each_linear,
+                                  parts=rescaled_parts(rescale_every))
