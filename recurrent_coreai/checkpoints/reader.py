@@ -370,8 +370,10 @@ def _scan_safetensors(files: list[Path], index: Mapping[str, str] | None) -> dic
 
 def _write_in_memory(family, src: Path, dst: Path) -> Checkpoint:
     ck = read_checkpoint(src, family)
-    if ck.layout == ck.family.layouts[0] and len(ck.weights) == 1 and ck.weights[0].suffix == ".safetensors":
+    if (ck.layout == ck.family.layouts[0] and len(ck.weights) == 1 and ck.weights[0].suffix == ".safetensors"
+            and set(_safetensors_header(ck.weights[0])[0]) == set(ck.tensors)):
         shutil.copyfile(ck.weights[0], dst)  # already the normal form: bytes unchanged
+    # else normalising changed it: e.g. a tied head the file leaves out (Hugging Face's Mamba-2)
     else:
         save_normalized(ck.tensors, dst)
     return ck

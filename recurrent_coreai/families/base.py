@@ -209,6 +209,12 @@ class Family(abc.ABC):
         """config.json for the normal form (written beside the normalised weights)."""
         return self._own("geometry", "config_json")(geom)
 
+    def tied_linears(self, geom: Geometry) -> dict[str, str]:
+        """Decode-module linears whose weight is tied to another tensor ({linear: tensor}): a role
+        keeps them unquantised (coreai/quantize.py). None by default."""
+        del geom
+        return {}
+
     def parameter_count(self, geom: Geometry) -> int:
         import math
 

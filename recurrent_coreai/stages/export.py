@@ -55,10 +55,8 @@ def load_module(family, source_dir: Path, dtype: torch.dtype, q: dict | None,
     geom, weights = stream_checkpoint(source_dir, dtype, family)
     if not q:
         return family.build_decode(weights, geom, dtype), [], geom
-    # a tied linear (a head tied to the embedding) is kept unless a raw include names it; families
-    # without ties need not define tied_linears
-    tied = family.tied_linears(geom) if hasattr(family, "tied_linears") else {}
-    q = quantize.resolve_roles(q, family.roles, recipe_name, tied)
+    # a tied linear (a head tied to the embedding) is kept unless a raw include names it
+    q = quantize.resolve_roles(q, family.roles, recipe_name, family.tied_linears(geom))
     layers = quantize.plan(family.decode_skeleton(geom, dtype), q, str(dtype).removeprefix("torch."))
     chosen = set(quantize.chosen(layers, q, recipe_name))
     module = family.build_decode(weights, geom, dtype,

@@ -60,9 +60,10 @@ def _write_synthetic(family, spec: dict, tok_settings: dict, out: Path, license_
     if layout not in family.synthetic_layouts:
         raise PipelineError("config.yaml", f"source.layout {layout!r} is not one family {family.name} writes",
                             f"use one of {', '.join(family.synthetic_layouts)}")
-    if layout == family.layouts[0]:
+    if layout == family.layouts[0] and family.streams(layout):
         family.write_synthetic(geom, spec["seed"], out, layout)
-    else:  # written in that layout, then normalised as a path source is: one tensor at a time
+    else:  # written in that layout (as a user's file would be: e.g. without a tied head), then
+        # normalised as a path source is: one tensor at a time where the layout allows
         with tempfile.TemporaryDirectory(prefix=".raw.", dir=out) as raw:
             family.write_synthetic(geom, spec["seed"], Path(raw), layout)
             if not (Path(raw) / "config.json").exists():

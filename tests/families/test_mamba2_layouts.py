@@ -217,3 +217,39 @@ def test_synthetic_ranges_and_peaked_logits():
     top2 = logits.topk(2, dim=-1).values
     margin = (top2[:, 0] - top2[:, 1])
     assert float(margin.median()) > 0.1, margin   # clear top-1 at most steps
+
+
+# --- a tied head through the source stage: every route gives the normal form (lm_head materialised)
+def test_a_tied_head_left_out_by_the_hf_layout_is_materialised_by_the_source_stage(tmp_path, cfg):
+    """Hugging Face saves a tied Mamba-2 without ``lm_head.weight``; the normal form always holds it.
+    The synthetic source in either layout and a path source holding the HF file must all give the
+    same normal-form bytes (a copy of the HF file as it is would miss the head: the export's
+    ``KeyError: 'lm_head.weight'``)."""
+    import copy
+
+    from safetensors import safe_open
+
+    from recurrent_coreai.stages.source import build_source
+
+    model = copy.deepcopy(cfg["models"]["mamba2-tiny"])
+    assert model["source"]["shape"]["tie_embeddings"] is True
+    outs = {}
+    for layout in ("mamba-ssm", "hf"):
+        model["source"]["layout"] = layout
+        outs[layout] = tmp_path / layout / "source"
+        build_source("mamba2-tiny", model, cfg["vocab"], outs[layout])
+    hf_file = tmp_path / "hf-file"
+    g = FAMILY.geometry_from_shape(model["source"]["shape"], "config.yaml")
+    FAMILY.write_synthetic(g, model["source"]["seed"], hf_file, "hf")
+    with safe_open(hf_file / "model.safetensors", "pt") as fh:
+        assert "lm_head.weight" not in fh.keys()  # as transformers writes a tied model
+    for name in ("tokenizer.json",):
+        (hf_file / name).write_bytes((outs["hf"] / name).read_bytes())
+    path_model = {**model, "source": {"kind": "path", "path": str(hf_file)}}
+    outs["path"] = tmp_path / "path" / "source"
+    build_source("mamba2-tiny", path_model, cfg["vocab"], outs["path"])
+    digests = {k: hashlib.sha256((v / "model.safetensors").read_bytes()).hexdigest() for k, v in outs.items()}
+    assert len(set(digests.values())) == 1, digests
+    with safe_open(outs["hf"] / "model.safetensors", "pt") as fh:
+        head, emb = fh.get_tensor("lm_head.weight"), fh.get_tensor("backbone.embeddings.weight")
+    assert torch.equal(head, emb)
