@@ -110,10 +110,10 @@ def test_a_toolchain_change_marks_every_built_row_stale(tree):
     assert rows["fp16"]["stale"].startswith("toolchain") and rows["int8keepproj"]["stale"] == "-"
 
 
-@pytest.mark.parametrize("edit, rules", [
-    ("recurrent_coreai/coreai/quantize.py", "export"),
+@pytest.mark.parametrize("edit, rules", [  # publish attests every stage's code (provenance): it is stale too
+    ("recurrent_coreai/coreai/quantize.py", "export, stage_and_push"),
     ("recurrent_coreai/stages/templates/model_card.md.j2", "card, stage_and_push"),  # publish merges cards
-    ("scripts/gate.py", "gate"),
+    ("scripts/gate.py", "gate, stage_and_push"),
     # the model's family: every stage that runs family code (fingerprint.FAMILY_RULES)
     ("recurrent_coreai/families/rwkv7/reference.py", "card, doctor, export, reference, source, stage_and_push, vocab"),
     ("recurrent_coreai/util/errors.py", None),  # every stage imports it: every stage of the row
