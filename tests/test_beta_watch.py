@@ -34,6 +34,7 @@ from packaging.version import Version
 from recurrent_coreai.tools.beta_watch import assess, jobs, rebuild, settings, venv
 from recurrent_coreai.tools.beta_watch import cli as bw_cli
 from recurrent_coreai.tools.beta_watch import index as bw_index
+from recurrent_coreai.util.env import SECRET_VARS
 from recurrent_coreai.tools.beta_watch import pins as bw_pins
 from recurrent_coreai.util.errors import PipelineError
 
@@ -200,7 +201,7 @@ def test_the_beta_venv_runs_the_new_wheel_on_the_current_torch(index, tmp_path):
     assert got[0] == NEW and got[1].startswith(str(tmp_path / "venv"))
     assert got[2] == torch.__file__ and got[3] == importlib.metadata.version("torch")  # not reinstalled
     assert importlib.metadata.version(PACKAGE) == OLD  # the current venv is untouched
-    assert not any(k in env for k in venv.TOKEN_VARS)
+    assert not any(k in env for k in SECRET_VARS)
 
 
 def test_the_workflow_passes_actionlint():

@@ -8,13 +8,12 @@ Nothing here imports ``huggingface_hub`` at module level (callers import it lazi
 
 from __future__ import annotations
 
-import os
 import re
 
+from recurrent_coreai.util import env
 from recurrent_coreai.util.errors import PipelineError
 
 _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")  # RFC 6750 token characters
-TOKEN_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
 def first_line(exc: BaseException) -> str:
@@ -29,7 +28,7 @@ def client_token() -> str | None:
 
         return get_token() or None
     except Exception:  # noqa: BLE001 - only used to mask the token; fall back to the environment
-        return next((os.environ[v] for v in TOKEN_VARS if os.environ.get(v)), None)
+        return env.hub_token()
 
 
 def scrub(value, token: str | None):

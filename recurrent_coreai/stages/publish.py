@@ -22,6 +22,7 @@ from pathlib import Path
 
 from recurrent_coreai.hub import catalog
 from recurrent_coreai.pipeline import stage
+from recurrent_coreai.util import env
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import IGNORED, atomic_path, first_difference, sha256_file, tree_manifest
 from recurrent_coreai.pipeline.paths import published_folders
@@ -199,7 +200,7 @@ def stage_tree(out: Path, card: Path, vocab: Path, exports: list[Path], aots: li
 
 
 def token_from_env() -> str | None:
-    return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
+    return env.hub_token()
 
 
 def remote_head(repo: str, token: str) -> str | None:

@@ -15,7 +15,19 @@ ALIASES = {  # new name -> the old name it replaces (still read)
     "RECURRENT_COREAI_SIGNING_KEY_PASSWORD": "RWKV7_SIGNING_KEY_PASSWORD",
     "RECURRENT_COREAI_PROGRESS": "RWKV7_PROGRESS",
 }
+# The one list of credentials. The Hub token, in the order huggingface_hub reads it; then every
+# variable holding a secret or naming one (never printed, never written, and stripped from the
+# environment of a beta-watch rebuild, which must never publish): the Hub tokens, a misspelling
+# some CI systems set, the signing key's path and its password (old names included).
+HUB_TOKEN_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+SECRET_VARS = (*HUB_TOKEN_VARS, "HUGGINGFACE_HUB_TOKEN", "RECURRENT_COREAI_SIGNING_KEY",
+               "RECURRENT_COREAI_SIGNING_KEY_PASSWORD", "RWKV7_SIGNING_KEY", "RWKV7_SIGNING_KEY_PASSWORD")
 _warned: set[str] = set()
+
+
+def hub_token() -> str | None:
+    """The Hub token from the environment (:data:`HUB_TOKEN_VARS`, first set wins), or None."""
+    return next((os.environ[v] for v in HUB_TOKEN_VARS if os.environ.get(v)), None)
 
 
 def get(name: str, default: str | None = None) -> str | None:

@@ -14,9 +14,9 @@ from packaging.version import Version
 
 from recurrent_coreai.tools.beta_watch.index import pip_index_args
 from recurrent_coreai.tools.beta_watch.pins import Updates
+from recurrent_coreai.util import env as env_vars
 from recurrent_coreai.util.errors import PipelineError
 
-TOKEN_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_HUB_TOKEN")
 
 VERIFY = """
 import importlib, importlib.metadata as md, json, sys
@@ -66,7 +66,7 @@ def prepare_env(venv: Path, tree: Path, updates: Updates, index_url: str | None)
                             f"cannot install {' '.join(wanted)}: {last[0][:300]}",
                             "free disk space there and run again" if full
                             else "check that the index serves wheels for this platform")
-    env = {k: v for k, v in os.environ.items() if k not in TOKEN_VARS}  # never publish from the worktree
+    env = {k: v for k, v in os.environ.items() if k not in env_vars.SECRET_VARS}  # never publish from the worktree
     env.update(VIRTUAL_ENV=str(venv), PATH=os.pathsep.join([str(venv / "bin"), str(Path(sys.executable).parent),
                                                             env.get("PATH", "")]), DVC_NO_ANALYTICS="1")
     verify_env(python, env, site, updates)
