@@ -58,15 +58,22 @@ def env() -> dict:
     return dict(os.environ, PATH=f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1")
 
 
-def run(args: list[str], interrupt_after: float | None = None, wait_for: Path | None = None) -> tuple[int, str, str]:
+def run(args: list[str], interrupt_after: float | None = None, wait_for: Path | None = None,
+        wait_text: str = "") -> tuple[int, str, str]:
     """A command in its own process (SIGINT at its default, as in a terminal); with
-    ``interrupt_after``, SIGINT that long after ``wait_for`` exists (or after the start)."""
+    ``interrupt_after``, SIGINT that long after ``wait_for`` exists (and holds ``wait_text``), or
+    after the start."""
     proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     if interrupt_after is not None:
         deadline = time.monotonic() + 120
-        while wait_for is not None and not wait_for.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+
+        def waiting() -> bool:
+            if wait_for is None or not wait_for.exists():
+                return wait_for is not None
+            return wait_text not in wait_for.read_text(errors="replace")
+        while waiting() and time.monotonic() < deadline:
+            time.sleep(0.02)
         time.sleep(interrupt_after)
         proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
@@ -182,7 +189,9 @@ def gate_args(conf: Path, results: Path, recipe: str, log: Path) -> list[str]:
 def test_gate_interrupted_is_one_line_in_its_log_and_no_abort(tree, tmp_path):
     conf, results = copy_tree(tree, tmp_path)
     log = tmp_path / "gate.log"
-    rc, _, err = run(gate_args(conf, results, "fp32", log), interrupt_after=1.5, wait_for=log)
+    # mid-run: the gate logs "<n> step(s) ..." as it starts; on this tree it is done 1.3 s later
+    # (idle machine), so 1.5 s after its log appeared could land after the end (exit 0)
+    rc, _, err = run(gate_args(conf, results, "fp32", log), interrupt_after=0.5, wait_for=log, wait_text="step(s)")
     lines = error_lines(err)
     assert rc == 130, err
     assert lines == ["error: interrupted -- fix: run it again (its output was not written)"], err
