@@ -181,6 +181,23 @@ def stage_rule(name: str) -> str:
     return name.split("-", 1)[0]
 
 
+def load_yaml_file(path: Path, fix: str) -> object:
+    """The YAML document in ``path`` (libyaml's loader where there is one, as DVC's files are big);
+    text that is not UTF-8, or not YAML, is one line naming the file (and the line) with ``fix``.
+    A missing file raises FileNotFoundError: whether that is an error is the caller's call."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise PipelineError(path, "is not UTF-8 text (binary?)", fix) from None
+    try:
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise PipelineError(path, f"is not valid YAML{at} ({getattr(exc, 'problem', None) or 'unreadable'})",
+                            fix) from None
+
+
 def _kind(value) -> str:
     return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "empty",
             int: "a number", float: "a number"}.get(type(value), type(value).__name__)
@@ -216,18 +233,9 @@ def read_listing(path: str | Path = "dvc.yaml") -> "StageGraph":
     PipelineError naming the file and the fix."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        doc = load_yaml_file(path, DVC_YAML_FIX)
     except FileNotFoundError:
         raise PipelineError(path, "not found (the stages of the Snakemake DAG, as DVC reads them)",
-                            DVC_YAML_FIX) from None
-    except UnicodeDecodeError:
-        raise PipelineError(path, "is not UTF-8 text (binary?)", DVC_YAML_FIX) from None
-    try:
-        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        raise PipelineError(path, f"is not valid YAML{at} ({getattr(exc, 'problem', None) or 'unreadable'})",
                             DVC_YAML_FIX) from None
     if not isinstance(doc, dict):
         raise PipelineError(path, f"is not a DVC pipeline (its top level is {_kind(doc)}, not a mapping)",

@@ -48,7 +48,6 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 
 from recurrent_coreai.pipeline import config as cfgmod
 from recurrent_coreai.pipeline import dag, records
@@ -130,19 +129,9 @@ def md5_of(path: Path) -> str | None:
 def read_lock(path: Path) -> dict[str, dict[str, str]] | None:
     """``{stage: {code file: md5}}`` from dvc.lock (only the code deps), or None without a lock."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        lock = dag.load_yaml_file(path, LOCK_FIX) or {}
     except FileNotFoundError:
         return None
-    except UnicodeDecodeError:
-        raise PipelineError(path, "is not UTF-8 text (binary?)", LOCK_FIX) from None
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    try:
-        lock = yaml.load(text, Loader=loader) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        raise PipelineError(path, f"is not valid YAML{at} ({getattr(exc, 'problem', None) or 'unreadable'})",
-                            LOCK_FIX) from None
     if not isinstance(lock, dict):
         raise PipelineError(path, f"is not a DVC lock file (its top level is {_kind(lock)}, not a mapping)", LOCK_FIX)
     stages = lock.get("stages", {})
