@@ -48,7 +48,6 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 from recurrent_coreai.pipeline import config as cfgmod
 from recurrent_coreai.pipeline import dag, records
 from recurrent_coreai.coreai import toolchain
