@@ -131,6 +131,8 @@ def built(repo: Path, cmd: str, seed: str, record_opened: Path | None = None, sh
     if record_opened is not None:
         record_opened.mkdir(parents=True, exist_ok=True)
         extra = {"PYTHONPATH": f"{repo}{os.pathsep}{AUDIT}", OPENED_DIR_VAR: str(record_opened)}
+    if not short:  # the user's build: no SOURCE_DATE_EPOCH (the card then states no date), as `make publish`
+        extra["SOURCE_DATE_EPOCH"] = ""
     proc = run(cmd, fresh_copy(repo, short=short), PYTHONHASHSEED=seed, **extra)
     status = run("git status --porcelain --untracked-files=all", repo).stdout
     return {"output": proc.stdout + proc.stderr, "outputs": tracked_outputs(repo), "gates": gate_numbers(repo),

@@ -496,11 +496,25 @@ def test_build_date_is_reproducible(work, monkeypatch, capsys):
     assert c.build_date() == "2026-02-01"
 
 
-def test_build_date_without_epoch_is_the_config_commit_date(monkeypatch):
+def test_without_source_date_epoch_the_card_states_no_date(work, monkeypatch, capsys):
+    """No clock and no git date: a copy, a shallow clone or a later commit would give another one
+    (and the committed dvc.lock would then differ from a fresh build's)."""
     monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
-    date = c.build_date(str(REPO_ROOT / "config.yaml"))
-    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", date) or date.startswith("unknown"), date
-    assert c.build_date(f"{REPO_ROOT / 'config.yaml'} + other.yaml") == date  # the first of the merged files
+    assert c.build_date() is None
+    card = render_card(work, capsys=capsys)
+    assert "build date" not in card and card == render_card(work, capsys=capsys)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", EPOCH)
+    dated = render_card(work, capsys=capsys)
+    assert dated.replace("- build date: 2026-01-01\n", "") == card
+
+
+def test_the_card_names_the_family_s_normal_layout(tiny_results):
+    """The provenance line names the layout the weights were normalised to, per family."""
+    from recurrent_coreai import families
+
+    for model, family in (("rwkv7-tiny", "rwkv7"), ("rwkv6-tiny", "rwkv6"), ("mamba2-tiny", "mamba2")):
+        card = (tiny_results / model / "card" / "README.md").read_text()
+        assert f"normalised to the {families.get(family).layouts[0]} layout" in card, model
 
 
 # --- the CLI end to end --------------------------------------------------------------------------------

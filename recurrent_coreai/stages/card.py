@@ -8,7 +8,6 @@ the published card) is kept. The YAML front matter is managed too.
 from __future__ import annotations
 
 import re
-import subprocess
 from importlib import resources
 from pathlib import Path
 
@@ -17,7 +16,6 @@ import yaml
 
 from recurrent_coreai import families, tokenizers
 from recurrent_coreai.pipeline import stage
-from recurrent_coreai.pipeline.config import origin
 from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_functions
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.frontmatter import FRONT, front_matter
@@ -68,21 +66,17 @@ def source_license(source_dir: Path, fallback: str | None) -> str:
     raise PipelineError(readme, "no license in the source card and none in config", "set models.<name>.license")
 
 
-def build_date(config_origin: str = "config.yaml") -> str:
-    """Reproducible: $SOURCE_DATE_EPOCH, else the date of the last commit that changed the config
-    file (the first of the files the config was merged from)."""
+def build_date() -> str | None:
+    """``$SOURCE_DATE_EPOCH`` as a date, or None: the card then states no date. A date from the
+    clock, or from git's metadata (a clone's commit dates, which a copy, a shallow clone or a new
+    commit of dvc.lock does not share), would make a rebuild's card differ from the first build's
+    and the committed dvc.lock disagree with a fresh build (docs/dvc.md)."""
     import os
     from datetime import datetime, timezone
 
     if os.environ.get("SOURCE_DATE_EPOCH"):
         return datetime.fromtimestamp(int(os.environ["SOURCE_DATE_EPOCH"]), timezone.utc).strftime("%Y-%m-%d")
-    try:
-        config_file = Path(config_origin.split(" + ")[0]).resolve()
-        out = subprocess.run(["git", "log", "-1", "--format=%cs", "--", config_file.name], cwd=config_file.parent,
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    return out or "unknown (not built from a git checkout)"
+    return None
 
 
 def group_layers(rows: list[dict]) -> str:
@@ -99,7 +93,7 @@ def _size(n: int) -> str:
 
 
 def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dict], gates: dict[str, dict],
-            source_dir: Path, toolchain: dict, vocab_dir: Path, date: str) -> dict:
+            source_dir: Path, toolchain: dict, vocab_dir: Path, date: str | None) -> dict:
     """Everything the template shows; ``cfg`` holds at least the card stage's settings."""
     mcfg = cfg["models"][model]
     missing = [r for r in mcfg["recipes"] if r not in exports or r not in gates]
@@ -152,7 +146,7 @@ def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dic
         "targets": targets, "gate_steps": max(g.get("reference_steps", g["steps"]) for g in gates.values()),
         "n_prompts": len(next(iter(gates.values()))["prompts"]),
         "vocab_entries": len(tok.load(vocab_dir)), "device_numbers": mcfg.get("device_numbers") or {},
-        "weights_sha256": source_manifest["files"][WEIGHT_FILE]["sha256"],
+        "weights_sha256": source_manifest["files"][WEIGHT_FILE]["sha256"], "normal_layout": family.layouts[0],
         "toolchain": toolchain, "build_date": date,
     }
 
@@ -178,7 +172,7 @@ def main(argv=None) -> int:
     ctx = context(ns.model, s, read_manifest(Path(ns.source), files=False), by_recipe(ns.exports, EXPORT, files=False),
                   by_recipe(ns.gates),
                   Path(ns.source), read_toolchain(Path(ns.toolchain))["versions"], Path(ns.vocab),
-                  build_date(origin(cfg)))
+                  build_date())
     existing = ns.curated[0].read_text(encoding="utf-8") if ns.curated else None
     write_text_atomic(ns.out, seal_card(merge(existing, render(ctx))))  # sealed: its last line, its digest
     stage.log.info("card %s -> %s%s", ns.model, ns.out, f" (merged into {ns.curated[0]})" if existing else "")
