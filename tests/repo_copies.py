@@ -32,7 +32,8 @@ GIT_DATES = {"GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2
 
 def env(**extra) -> dict:
     out = dict(os.environ, PATH=f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
-               DVC_NO_ANALYTICS="1", HF_HUB_OFFLINE="1", SOURCE_DATE_EPOCH="1767225600", **extra)
+               DVC_NO_ANALYTICS="1", HF_HUB_OFFLINE="1", SOURCE_DATE_EPOCH="1767225600")
+    out.update(extra)  # a caller may override any of these (the user's build: SOURCE_DATE_EPOCH="")
     out.pop("HF_TOKEN", None)
     return out
 
