@@ -59,7 +59,7 @@ def test_the_committed_dvc_lock_is_what_a_fresh_build_records(dvc_repo, repo_roo
     """`dvc repro` of a fresh copy (config.yaml as committed) writes exactly the committed dvc.lock:
     every stage, its command, params, code and data deps and every output's digest -- so a fresh
     clone's `make publish` leaves `git status` clean. dvc.lock describes a build on the toolchain
-    its toolchain stage recorded; on another one (python, torch, coreai, the OS) the whole DAG
+    its toolchain stage recorded; on another one (python and the package versions) the whole DAG
     rebuilds by design, and this comparison says so instead of listing every stage."""
     import torch
 
@@ -73,7 +73,7 @@ def test_the_committed_dvc_lock_is_what_a_fresh_build_records(dvc_repo, repo_roo
     if ours.get("deps") == theirs.get("deps") and ours.get("outs") != theirs.get("outs"):
         # the same toolchain code recorded another toolchain.json: this machine's python, torch,
         # coreai or OS is not the one dvc.lock was recorded on (a stale dvc.lock differs in deps too)
-        pytest.skip("this machine's toolchain (results/toolchain.json: python, torch, coreai, the OS) is not the "
+        pytest.skip("this machine's toolchain (results/toolchain.json: python and the package versions) is not the "
                     "one dvc.lock was recorded with; compare on that toolchain, or rebuild and commit dvc.lock")
     differences = _differences(committed, fresh)
     assert differences == [], (f"the committed dvc.lock is not what a fresh build records ({len(differences)}: "
