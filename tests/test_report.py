@@ -8,7 +8,6 @@ verify_output, dvc_record)."""
 from __future__ import annotations
 
 import csv
-import json
 import os
 import re
 import shutil
@@ -21,6 +20,7 @@ import yaml
 from recurrent_coreai.pipeline import records
 from recurrent_coreai.pipeline.paths import Layout
 from recurrent_coreai.stages import gate, report
+from tampering import append_line, flip_byte, resealed_json_edit, rewrite
 
 RESULTS = None  # the tiny results tree (conftest)
 M = "rwkv7-tiny"
@@ -52,29 +52,6 @@ def linked_copy(tmp: Path) -> Path:
     return tmp / "results"
 
 
-def _rewrite(path: Path, data: bytes) -> None:
-    path.unlink()
-    path.write_bytes(data)
-
-
-def append_line(path: Path) -> None:
-    _rewrite(path, path.read_bytes() + b"maintainer note\n")
-
-
-def json_edit(key, value):
-    def change(path: Path) -> None:
-        record = json.loads(path.read_text())
-        record[key] = value
-        _rewrite(path, records.dumps_json(record).encode())
-    return change
-
-
-def flip_byte(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    _rewrite(path, bytes(data))
-
-
 def test_the_report_is_sealed_and_a_rebuild_writes_the_same_bytes(tmp_path, capsys):
     built = Layout(RESULTS, M).base / "report" / "index.html"
     assert report.report_path(Layout(RESULTS, M)) == built
@@ -102,10 +79,10 @@ def _first_bundle_file(results: Path) -> Path:
 
 # kind -> (the changed file under the copy's results, the change, the stage named)
 CHANGES = {
-    "gate JSON": (lambda res: Layout(res, M).gate_json("fp16"), json_edit("max_abs_dlogits", 1e-06), "gate"),
+    "gate JSON": (lambda res: Layout(res, M).gate_json("fp16"), resealed_json_edit("max_abs_dlogits", 1e-06), "gate"),
     "gate TSV": (lambda res: Layout(res, M).gate_tsv("fp16"), append_line, "gate"),
-    "doctor JSON": (lambda res: Layout(res, M).doctor_json("fp16"), json_edit("findings", 7), "doctor"),
-    "export.json": (lambda res: Layout(res, M).export("fp16") / "export.json", json_edit("size_bytes", 1), "export"),
+    "doctor JSON": (lambda res: Layout(res, M).doctor_json("fp16"), resealed_json_edit("findings", 7), "doctor"),
+    "export.json": (lambda res: Layout(res, M).export("fp16") / "export.json", resealed_json_edit("size_bytes", 1), "export"),
     "a bundle file": (_first_bundle_file, flip_byte, "export"),
     "card README.md": (lambda res: Layout(res, M).card, append_line, "card"),
 }
@@ -132,7 +109,7 @@ def test_a_tsv_that_is_not_its_gates_is_refused(tmp_path, capsys):
     lay = Layout(results, M)
     other = lay.gate_tsv("fp32").read_bytes()
     assert other != lay.gate_tsv("fp16").read_bytes()
-    _rewrite(lay.gate_tsv("fp16"), other)
+    rewrite(lay.gate_tsv("fp16"), other)
     rc, err = run(argv(results, tmp_path / "index.html"), capsys)
     assert rc == 1 and err == [f"error: {lay.gate_tsv('fp16')}: differs from what the gate stage recorded -- fix: "
                                "rerun it: snakemake --cores 1 publish --forcerun gate"], err
