@@ -233,3 +233,18 @@ def test_a_closed_pipe_through_head_ends_quietly(tree):
     full = subprocess.run([sys.executable, "-m", "recurrent_coreai", "status", "--config-file", "big.yaml"],
                           cwd=tree, capture_output=True, text=True, timeout=120)
     assert full.returncode == 0 and len(full.stdout) > 150_000, len(full.stdout)  # the pipe did overflow
+
+
+def test_a_deleted_gate_record_of_a_gated_recipe_reads_missing(tree, capsys):
+    """The receipt records fp32 as gated: with its gate JSON gone the row is not "not gated"
+    (``-``, exit 0) but ``missing``, one line naming the file and the stage, exit 1."""
+    (tree / GATE).unlink()
+    rc, rows, err = run(capsys)
+    assert rc == 1 and rows["fp32"].split()[5] == "missing", rows["fp32"]
+    assert rows["fp32"].split()[6:8] == ["-", "-"], rows["fp32"]
+    check_one_line(err, GATE, f"is missing, but {RECEIPT} records recipe fp32 as gated",
+                   "rerun its stage gate-rwkv7-tiny-fp32: snakemake --cores 1 --force results/rwkv7-tiny/gate/fp32.json")
+    # a built recipe no receipt names is just not gated yet: '-', exit 0
+    edit(tree, RECEIPT, lambda t: json.dumps({"gates": {}}))
+    rc, rows, err = run(capsys)
+    assert rc == 0 and err == [] and rows["fp32"].split()[5] == "-", rows["fp32"]

@@ -41,6 +41,18 @@ class Layout:
         return self.root / "logs" / self.base.name / f"{name}.log"
 
 
+NAME_MAX = 255  # bytes in one path component (ext4, XFS, APFS, HFS+, NTFS)
+# The names made from a bundle name b (bundle_name): b.aimodel (export), b.aimodelx (aot on a linux
+# target), b.intoto.json and b.sig (hub/provenance.py, hub/signing.py: the staged bundle's statement
+# and signature); a device target adds b.<arch>.aimodelc (device_suffix).
+BUNDLE_SUFFIXES = (".aimodel", ".aimodelx", ".intoto.json", ".sig")
+
+
+def device_suffix(arch: str) -> str:
+    """What aot appends to a bundle name for a device architecture: ``.<arch>.aimodelc``."""
+    return f".{arch}.aimodelc"
+
+
 def bundle_name(model: dict, recipe: str) -> str:
     """Name of one recipe's bundle (.aimodel, .aimodelx, .<arch>.aimodelc, and its published
     folders): the model's ``dir`` for its ``shipped`` recipe (the path apps load), else

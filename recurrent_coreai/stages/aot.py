@@ -17,7 +17,7 @@ from recurrent_coreai.pipeline.config import DEVICE_ARCHITECTURES
 from recurrent_coreai.coreai.runtime import lower_universal
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import atomic_path, tree_manifest
-from recurrent_coreai.pipeline.paths import bundle_name
+from recurrent_coreai.pipeline.paths import bundle_name, device_suffix
 from recurrent_coreai.pipeline.records import AOT, read_export, write_sealed
 
 
@@ -43,7 +43,7 @@ def compile_device(aimodel: Path, arch: str, platform: str, aot_cfg: dict, out_d
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise PipelineError(f"target {arch}", f"coreai-build failed with exit {proc.returncode}: {last}",
                             "check Xcode 27 is selected (xcode-select -p) and the bundle exports")
-    product = out_dir / f"{aimodel.stem}.{arch}.aimodelc"
+    product = out_dir / f"{aimodel.stem}{device_suffix(arch)}"
     if not product.exists():
         raise PipelineError(product, "coreai-build exited 0 but wrote no compiled model",
                             "check the Xcode version; the output name must be <dir>.<arch>.aimodelc")

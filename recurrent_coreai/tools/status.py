@@ -29,7 +29,8 @@ A record it cannot read -- a gate JSON, ``export.json``, ``publish.json`` or ``t
 that is truncated, binary, not a JSON object or missing a key; a ``dvc.lock`` or ``dvc.yaml``
 that is not the YAML DVC writes (or no ``dvc.yaml``) -- is never shown as "not built": its cell
 reads ``corrupt`` (the stale column ``unknown: dvc.lock corrupt``, ``unknown: dvc.yaml corrupt``,
-``unknown: no dvc.yaml``). Status prints the whole table first, then ONE line per corrupt
+``unknown: no dvc.yaml``). A gate JSON that is gone while ``publish.json`` records the recipe
+as gated is not "not gated" either: its cell reads ``missing``, its line goes to stderr. Status prints the whole table first, then ONE line per corrupt
 record on stderr (``error: <file>: <what> -- fix: <the stage to rerun>``) and exits 1: one run
 shows every broken record and every healthy row, instead of one per rerun.
 
@@ -59,6 +60,7 @@ PROG = "python -m recurrent_coreai status"
 CODE_DIRS = ("recurrent_coreai/", "scripts/")
 COLUMNS = ("model", "recipe", "built", "gate", "top-1", "max|dlogits|", "published", "stale")
 CORRUPT = "corrupt"
+MISSING = "missing"  # a record a later one says was written (the receipt's gated recipe)
 NUMBER = (int, float)
 # the keys status reads from each record, and their JSON types
 GATE_KEYS = {"pass": bool, "agree_counted": int, "counted": int, "max_abs_dlogits": NUMBER}
@@ -328,6 +330,11 @@ def survey(cfg: dict, root: Path = ROOT) -> Survey:
             gate = out.read(lay.gate_json(recipe), GATE_KEYS, gate_rerun)
             if gate is None:
                 gate = out.read(lay.gate_json(recipe).with_suffix(".failed.json"), GATE_KEYS, gate_rerun)
+            if gate is None and isinstance(receipt, dict) and recipe in receipt["gates"]:
+                # the publish receipt says this recipe was gated: its gate record is missing, not "not gated"
+                out.problems.append(PipelineError(lay.gate_json(recipe), f"is missing, but {lay.publish / 'publish.json'} "
+                                                  f"records recipe {recipe} as gated", gate_rerun.fix()))
+                gate = MISSING
             stale = "-"
             if export is not None:  # built (or its record corrupt): what changed since
                 stages = listing.row(lay, recipe)
@@ -339,8 +346,8 @@ def survey(cfg: dict, root: Path = ROOT) -> Survey:
                 row["built"] = CORRUPT
             elif export is not None:
                 row["built"] = f"yes ({export['size_bytes'] / 1e6:.1f} MB)"
-            if gate == CORRUPT:
-                row["gate"] = CORRUPT
+            if gate in (CORRUPT, MISSING):
+                row["gate"] = gate
             elif gate is not None:
                 row["gate"] = "pass" if gate["pass"] else "FAIL"
                 row["top-1"] = f"{gate['agree_counted']}/{gate['counted']}"

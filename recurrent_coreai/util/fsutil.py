@@ -162,6 +162,11 @@ def remove_stale_temps(final: Path) -> list[Path]:
     return stale
 
 
+# What atomic_path's temporary adds to an output's name: ".<name>.<8 random characters>.tmp"
+# (tempfile.mkdtemp's names are 8 characters): a name may be this much below the file system's limit.
+TEMP_NAME_EXTRA = len("." + "." + "x" * 8 + ".tmp")
+
+
 @contextlib.contextmanager
 def atomic_path(final: str | Path, *, directory: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``final``; rename it onto ``final`` on success.
