@@ -115,6 +115,8 @@ def validate(cfg: dict, path: str | Path | None = None) -> dict:
         if model["publish"]["push"] and not model["publish"]["repo"]:
             raise PipelineError(where, f"models/{name}/publish/push is on but no repo is named",
                                 "set publish.repo to <user>/<repo> or push: false")
+        _check_dir_length(name, model, cfg["targets"], where)
+    _refuse_shared_publish_repos(cfg["models"], where)
     for target, spec in cfg["targets"].items():
         if spec["kind"] == "device":
             platform = spec.get("platform", "iOS")
@@ -132,6 +134,47 @@ def validate(cfg: dict, path: str | Path | None = None) -> dict:
                                     f"a part of the reference's gate/steps={highest} steps, at least one per prompt "
                                     f"({lowest})", f"use {lowest}..{highest}, or remove the entry")
     return cfg
+
+
+def _check_dir_length(name: str, model: dict, targets: dict, where: str) -> None:
+    """``dir`` leaves room, in one path component (paths.NAME_MAX bytes), for the longest name the
+    pipeline makes from it: ``<dir>-<recipe>`` (paths.bundle_name), a suffix (paths.BUNDLE_SUFFIXES,
+    ``.<arch>.aimodelc`` for a device target) and atomic_path's temporary around it."""
+    from recurrent_coreai.pipeline.paths import BUNDLE_SUFFIXES, NAME_MAX, bundle_name, device_suffix
+    from recurrent_coreai.util.fsutil import TEMP_NAME_EXTRA
+
+    bundles = [bundle_name(model, r) for r in model["recipes"]] or [model["dir"]]
+    bundle = max(bundles, key=lambda b: len(b.encode()))
+    suffixes = list(BUNDLE_SUFFIXES) + [device_suffix(t) for t in model["targets"]
+                                        if targets.get(t, {}).get("kind") == "device"]
+    suffix = max(suffixes, key=len)
+    size, added = len(model["dir"].encode()), len(bundle.encode()) - len(model["dir"].encode())
+    if size + added + len(suffix.encode()) + TEMP_NAME_EXTRA <= NAME_MAX:
+        return
+    room = NAME_MAX - added - len(suffix.encode()) - TEMP_NAME_EXTRA
+    extra = (f"'{bundle[len(model['dir']):]}' (recipe), " if added else "") + f"'{suffix}' and {TEMP_NAME_EXTRA} for a " \
+        "temporary's '.<name>.XXXXXXXX.tmp'"
+    raise PipelineError(where, f"models/{name}/dir is {size} bytes: with what the pipeline appends to it ({extra}) a "
+                        f"name would be {size + NAME_MAX - room} bytes, over the {NAME_MAX} one path component "
+                        "may hold", f"shorten models/{name}/dir to at most {room} bytes")
+
+
+def _refuse_shared_publish_repos(models: dict, where: str) -> None:
+    """Two models that push (``publish.push: true``) to one Hub repo: the second push replaces the
+    first's README.md (and a bundle folder of the same name). Repo ids compared ignoring case, as
+    the Hub resolves them. A shared ``dir`` alone clashes nowhere: results/ is per model name and
+    the published layout per repo (rwkv7-1.5b-shape mirrors rwkv7-goose-1.5b's, unpushed)."""
+    seen: dict[str, str] = {}
+    for name, model in models.items():
+        pub = model["publish"]
+        if not (pub["push"] and pub["repo"]):
+            continue
+        other = seen.setdefault(pub["repo"].casefold(), name)
+        if other != name:
+            same_dir = " and the same dir" if models[other]["dir"] == model["dir"] else ""
+            raise PipelineError(where, f"models/{other} and models/{name} both push to {pub['repo']}{same_dir}: the "
+                                "second push would replace the first's README.md" + (" and bundles" if same_dir else ""),
+                                f"give models/{name}/publish/repo a repo of its own, or set its push: false")
 
 
 def check_family(name: str, model: dict, where: str) -> None:
