@@ -83,12 +83,14 @@ def test_synthetic_same_bytes_in_two_processes():
 def test_load_verifies(tmp_path, tok):
     path = tmp_path / "tokenizer.json"
     path.write_text(tok.json_text, encoding="utf-8")
-    again = bpe.load_file(path, sha256=tok.sha256, vocab_size=1024)
-    assert again.table() == tok.table()
+    again = bpe.load_file(path, sha256=tok.sha256)
+    assert again.table() == tok.table() and again.n_ids == 1024
     with pytest.raises(PipelineError, match="sha256 is"):
         bpe.load_file(path, sha256="0" * 64)
-    with pytest.raises(PipelineError, match="has 1024 tokens, the model only 1000"):
-        bpe.load_file(path, vocab_size=1000)
+    rows = {"embedding": 1024, "head": 1000}   # every id needs a row in each (tests/test_vocab_fits_model.py)
+    with pytest.raises(PipelineError, match="head has 1000 rows, but its tokenizer.json has token ids up to 1023"):
+        bpe.fits(tmp_path, {}, rows, "ckpt")
+    assert bpe.fits(tmp_path, {}, {**rows, "head": 1024}, "ckpt") == 1024
     with pytest.raises(PipelineError, match="tokenizer.json is missing"):
         bpe.load_file(tmp_path / "nope.json")
 

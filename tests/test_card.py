@@ -541,11 +541,15 @@ def test_card_cli_end_to_end(work, capsys):
     g = manifest["geometry"]
     arch = block(card, "architecture")
     assert f"| layers | {g['layers']} |" in arch and f"| hidden size | {g['hidden']} |" in arch
-    n_vocab = sum(1 for line in (model_dir(work) / "vocab" / "rwkv_vocab.tsv").read_text().splitlines() if line)
+    tsv = (model_dir(work) / "vocab" / "rwkv_vocab.tsv").read_text().splitlines()
+    n_ids = max(int(line.split("\t")[0]) for line in tsv if line) + 1   # id 0 (end of text) is not in the file
     from recurrent_coreai.tokenizers import world  # the tokenizer kind describes itself, naming the device file
 
     assert "rwkv_vocab.tsv" in world.DESCRIPTION
-    assert f"| vocabulary | {g['vocab']} ({world.DESCRIPTION}; {n_vocab} tokens) |" in arch
+    pad = g["vocab"] - n_ids  # the model's rows beyond the tokenizer's ids, stated
+    assert n_ids == 65530 and pad > 0
+    assert (f"| vocabulary | {g['vocab']} rows, tokenizer {n_ids} ids: {pad} padding rows never produced by the "
+            f"tokenizer ({world.DESCRIPTION}) |") in arch
     layout = block(card, "layout")
     for r in RECIPES:
         bundle = f"{MODEL}-{r}"

@@ -297,6 +297,15 @@ class Family(abc.ABC):
         """The card's architecture table: (label, value) rows."""
 
     min_vocab: ClassVar[int] = 1             # the smallest vocab its tokenizer's ids fit in (config check)
+    vocab_tensors: ClassVar[tuple[str, ...]] = ()  # normal-form tensors indexed by token id (embedding, head)
+
+    def vocab_rows(self, geom: Geometry) -> dict[str, int]:
+        """{tensor: rows} of :attr:`vocab_tensors`: each needs a row for every id the tokenizer
+        produces (the source stage checks it: tokenizers/fit.py); rows beyond are padding."""
+        if not self.vocab_tensors:
+            raise NotImplementedError(f"family {self.name}: set vocab_tensors (its embedding and head tensors)")
+        shapes = self.normal_shapes(geom)
+        return {name: shapes[name][0] for name in self.vocab_tensors}
     card_summary: ClassVar[str] = ""         # the card's paragraph on the architecture
     export_sources: ClassVar[tuple[str, ...]] = ()  # repo-relative files coreai doctor lints
 

@@ -17,6 +17,7 @@ import yaml
 from recurrent_coreai import families, tokenizers
 from recurrent_coreai.pipeline import stage
 from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_functions
+from recurrent_coreai.tokenizers import fit
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.frontmatter import FRONT, front_matter
 from recurrent_coreai.util.safetensors_stream import WEIGHT_FILE
@@ -92,6 +93,12 @@ def _size(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
+def vocab_fit(family, geom, n_ids: int) -> str:
+    """The card's vocabulary statement: the rows of the embedding and the head, the tokenizer's
+    ids and the padding rows (the source stage refused fewer rows than ids)."""
+    return fit.describe(min(family.vocab_rows(geom).values()), n_ids)  # the normal form: the same rows in each
+
+
 def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dict], gates: dict[str, dict],
             source_dir: Path, toolchain: dict, vocab_dir: Path, date: str | None) -> dict:
     """Everything the template shows; ``cfg`` holds at least the card stage's settings."""
@@ -145,7 +152,8 @@ def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dic
         "prefill": functions[PREFILL], "prefill_gate": next(iter(gates.values()))["prefill"],
         "targets": targets, "gate_steps": max(g.get("reference_steps", g["steps"]) for g in gates.values()),
         "n_prompts": len(next(iter(gates.values()))["prompts"]),
-        "vocab_entries": len(tok.load(vocab_dir)), "device_numbers": mcfg.get("device_numbers") or {},
+        "vocab_fit": vocab_fit(family, family.geometry_from_dict(g), tok.load(vocab_dir).n_ids),
+        "device_numbers": mcfg.get("device_numbers") or {},
         "weights_sha256": source_manifest["files"][WEIGHT_FILE]["sha256"], "normal_layout": family.layouts[0],
         "toolchain": toolchain, "build_date": date,
     }

@@ -82,26 +82,32 @@ def _write_synthetic(family, spec: dict, tok_settings: dict, out: Path, license_
 
 def build_source(model_name: str, model_cfg: dict, vocab_cfg: dict, out: Path) -> dict:
     """Write ``out`` (atomically) and return its manifest. ``vocab_cfg``: the tokenizer settings
-    (config.yaml ``vocab:``, the pinned World vocabulary)."""
+    (config.yaml ``vocab:``, the pinned World vocabulary); a checkpoint's own tokenizer pin
+    (``source.tokenizer_sha256``) joins them."""
     family = families.get(model_cfg["family"])
     spec = model_cfg["source"]
     kind = spec["kind"]
+    tok_settings = {**vocab_cfg, tokenizers.PIN: spec.get(tokenizers.PIN)}
     with atomic_path(out, directory=True) as tmp:
         if kind == "synthetic":
-            parts = _write_synthetic(family, spec, vocab_cfg, tmp, model_cfg.get("license", "apache-2.0"))
-            uri, revision = f"synthetic://{model_name}?seed={spec['seed']}", None
+            parts = _write_synthetic(family, spec, tok_settings, tmp, model_cfg.get("license", "apache-2.0"))
+            uri, revision, where = f"synthetic://{model_name}?seed={spec['seed']}", None, "config.yaml"
         elif kind == "path":
             src = Path(spec["path"])
             if not src.exists():
                 raise PipelineError(src, f"source path {why_missing(src)}", "fix models/<name>/source/path in config.yaml")
-            parts = _write_from_dir(family, src, tmp, vocab_cfg)
-            uri, revision = f"file://{src.resolve()}", None
+            parts = _write_from_dir(family, src, tmp, tok_settings)
+            uri, revision, where = f"file://{src.resolve()}", None, src
         elif kind == "hf":
             snapshot = fetch_hf(spec["repo"], spec["revision"], spec.get("allow_patterns"))
-            parts = _write_from_dir(family, snapshot, tmp, vocab_cfg)
-            uri, revision = f"hf://{spec['repo']}", snapshot.name
+            parts = _write_from_dir(family, snapshot, tmp, tok_settings)
+            uri, revision, where = f"hf://{spec['repo']}", snapshot.name, snapshot
         else:  # the schema makes this unreachable
             raise PipelineError("config.yaml", f"unknown source kind {kind!r}", "use synthetic, path or hf")
+        # every id the tokenizer produces has a row in the embedding and the head (tokenizers/fit.py):
+        # here, the first stage that knows both, before any reference or export runs
+        rows = family.vocab_rows(family.geometry_from_dict(parts["geometry"]))
+        tokenizers.kind(family.tokenizer).fits(tmp, tok_settings, rows, where)
         manifest = {
             "model": model_name,
             "source": {"kind": kind, "uri": uri, "revision": revision},

@@ -2,8 +2,10 @@
 ``hf-bpe`` (a Hugging Face byte-level BPE ``tokenizer.json``).
 
 Each kind module gives: ``bake_stage(source_dir, out_dir, settings)`` (the vocab stage), ``load(vocab_dir)``
-(a tokenizer with ``encode``, ``token_bytes``, ``eos``, ``prompt(text, chat)``), ``source_files`` (a
-synthetic source's tokenizer files), ``carry`` (a checkpoint's), and ``DESCRIPTION`` /
+(a tokenizer with ``encode``, ``token_bytes``, ``eos``, ``n_ids``, ``prompt(text, chat)``), ``source_files`` (a
+synthetic source's tokenizer files), ``carry`` (a checkpoint's), ``fits(source_dir, settings, rows,
+where)`` (every id the tokenizer produces has a row in the model: ``fit.py``; returns the number of
+ids), and ``DESCRIPTION`` /
 ``CHAT_DESCRIPTION`` for the card and the catalog. The chat format lives in the kind, once.
 """
 
@@ -14,6 +16,9 @@ import importlib
 from recurrent_coreai.util.errors import PipelineError
 
 KINDS = {"world": "world", "hf-bpe": "bpe"}
+# The settings key of a checkpoint's pinned tokenizer file (config.yaml models.<m>.source.tokenizer_sha256;
+# the source stage passes it with vocab:). The World vocabulary is pinned by vocab.sha256 instead.
+PIN = "tokenizer_sha256"
 
 
 def kind(name: str):

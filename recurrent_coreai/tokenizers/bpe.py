@@ -21,8 +21,15 @@ The kind interface (tokenizers/__init__.py): :func:`bake_stage` (the vocab stage
 tokenizer.json verified and copied, plus ``bpe_vocab.tsv``, id -> base64 of the token's bytes, the
 same format as the World kind's device file), :func:`load` (over a vocab stage output),
 :func:`source_files` (a synthetic source's tokenizer.json), :func:`carry` (a checkpoint's),
-``DESCRIPTION`` and ``CHAT_DESCRIPTION``. Settings keys read (all optional): ``sha256`` (of the
-checkpoint's tokenizer.json), ``vocab_size`` (of the synthetic tokenizer, default 1024).
+:func:`fits` (every id has a row in the model: tokenizers/fit.py), ``DESCRIPTION`` and
+``CHAT_DESCRIPTION``. Settings keys read (all optional): ``tokenizer_sha256`` (``PIN``: config.yaml
+``models.<m>.source.tokenizer_sha256``, the pinned digest of the checkpoint's tokenizer.json; the
+source stage checks it, the vocab stage copies the bytes the source manifest sealed), ``vocab_size``
+(of the synthetic tokenizer, default 1024).
+
+Ids: the model's vocabulary and the added tokens together must be exactly ``0 .. n - 1``. An added
+token whose id would leave a gap (the ``tokenizers`` library silently renumbers it to the next free
+id) is refused: the model was trained with the id the file states.
 
 Shared layer: no family imports.
 """
@@ -37,12 +44,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
-from recurrent_coreai.tokenizers import round_trip
+from recurrent_coreai.tokenizers import PIN, fit, round_trip
 from recurrent_coreai.util.errors import PipelineError
 
 EOS = "<|endoftext|>"
 SYNTHETIC_VOCAB_SIZE = 1024
-SHA256_SETTING = "tokenizer_sha256"  # a pinned tokenizer.json digest in the settings (not the World pin's sha256)
 TOKENIZER_FILE = "tokenizer.json"
 DEVICE_FILE = "bpe_vocab.tsv"   # id \t base64(token bytes), ids ascending (special tokens: empty)
 CHAT = "User: {prompt}\n\nAssistant:"
@@ -101,6 +107,14 @@ class BPETokenizer:
         if model.get("type") != "BPE":
             raise PipelineError(where, f"model type is {model.get('type')!r}, not 'BPE'",
                                 "the hf-bpe tokenizer kind takes a byte-level BPE tokenizer.json")
+        for a in spec.get("added_tokens") or []:
+            got = self.tok.token_to_id(a["content"])
+            if got != a["id"]:
+                raise PipelineError(where, f"added token {a['content'][:40]!r} has id {a['id']}, which leaves a gap after "
+                                    f"the ids before it (or repeats one): the tokenizers library would renumber it to "
+                                    f"{got}",
+                                    "use the checkpoint's own tokenizer.json: added-token ids must follow on without a "
+                                    "gap (they are not renumbered: the model was trained with the stated ids)")
         self.added = {int(a["id"]): a for a in spec.get("added_tokens") or []}
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         table = unicode_to_bytes()
@@ -134,6 +148,11 @@ class BPETokenizer:
         self.eos = eos if eos is not None else (self.special_ids[0] if self.special_ids else None)
 
     def __len__(self) -> int:
+        return self.vocab_size
+
+    @property
+    def n_ids(self) -> int:
+        """How many ids it can produce (0 .. n_ids - 1, contiguous: checked on load)."""
         return self.vocab_size
 
     def prompt(self, text: str, chat: bool = True) -> list[int]:
@@ -203,14 +222,14 @@ def from_json(text: str, where: str | Path = "tokenizer.json", sha256: str | Non
     tok = BPETokenizer(text, where)
     if sha256 is not None and tok.sha256 != sha256:
         raise PipelineError(where, f"sha256 is {tok.sha256}, expected {sha256}",
-                            "download the pinned tokenizer.json again or fix the sha256 in config.yaml")
+                            "download the pinned tokenizer.json again or fix models.<name>.source.tokenizer_sha256 "
+                            "in config.yaml")
     tok.check_round_trip(corpus)
     return tok
 
 
-def load_file(path: str | Path, sha256: str | None = None, vocab_size: int | None = None) -> BPETokenizer:
-    """A tokenizer.json from disk, verified (sha256 if given; byte-level; round trip; and, if given,
-    no more ids than the model's embedding rows)."""
+def load_file(path: str | Path, sha256: str | None = None) -> BPETokenizer:
+    """A tokenizer.json from disk, verified (sha256 if given; ids contiguous; byte-level; round trip)."""
     path = Path(path)
     if not path.is_file():
         raise PipelineError(path, "tokenizer.json is missing", "put the checkpoint's tokenizer.json beside its weights")
@@ -218,11 +237,7 @@ def load_file(path: str | Path, sha256: str | None = None, vocab_size: int | Non
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PipelineError(path, f"is not UTF-8 (byte {exc.start})", "download tokenizer.json again") from None
-    tok = from_json(text, path, sha256)
-    if vocab_size is not None and tok.vocab_size > vocab_size:
-        raise PipelineError(path, f"has {tok.vocab_size} tokens, the model only {vocab_size} embedding rows",
-                            "use the tokenizer.json that belongs to this checkpoint")
-    return tok
+    return from_json(text, path, sha256)
 
 
 # --- the synthetic tokenizer -----------------------------------------------------------------
@@ -347,19 +362,31 @@ def carry(base: Path, out: Path, settings: Mapping) -> list[Path]:
     import shutil
 
     base = Path(base)
-    load_file(base / TOKENIZER_FILE, settings.get(SHA256_SETTING))
+    load_file(base / TOKENIZER_FILE, settings.get(PIN))
     carried = [base / name for name in CARRY if (base / name).is_file()]
     for f in carried:
         shutil.copyfile(f, Path(out) / f.name)
     return carried
 
 
+def fits(source_dir: Path, settings: Mapping, rows: Mapping[str, int], where: str | Path) -> int:
+    """Every id of the source's tokenizer.json (added tokens included) has a row in each tensor of
+    ``rows`` ({tensor: rows}); else one line at ``where``. Returns the tokenizer's number of ids."""
+    tok = load_file(Path(source_dir) / TOKENIZER_FILE, settings.get(PIN))
+    fit.check(where, rows, tok.n_ids, f"its {TOKENIZER_FILE}",
+              f"use the {TOKENIZER_FILE} that belongs to this checkpoint (every token id needs a row in the "
+              "embedding and the head)")
+    return tok.n_ids
+
+
 def bake_stage(source_dir: Path, out_dir: Path, settings: Mapping) -> dict:
-    """The vocab stage for this kind: the source's tokenizer.json verified (sha256 if pinned, byte
-    level, round trip) and written to ``out_dir`` with the device table ``bpe_vocab.tsv``."""
+    """The vocab stage for this kind: the source's tokenizer.json (its pin was checked by the source
+    stage, whose manifest seals the bytes) verified again (ids, byte level, round trip) and written
+    to ``out_dir`` with the device table ``bpe_vocab.tsv``."""
     from recurrent_coreai.util.fsutil import atomic_path
 
-    tok = load_file(Path(source_dir) / TOKENIZER_FILE, settings.get(SHA256_SETTING))
+    del settings
+    tok = load_file(Path(source_dir) / TOKENIZER_FILE)
     checked = tok.check_round_trip()
     with atomic_path(out_dir, directory=True) as tmp:
         (tmp / TOKENIZER_FILE).write_bytes(tok.json_text.encode("utf-8"))

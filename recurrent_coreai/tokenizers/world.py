@@ -15,7 +15,7 @@ import itertools
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from recurrent_coreai.tokenizers import round_trip
+from recurrent_coreai.tokenizers import PIN, fit, round_trip
 from recurrent_coreai.tokenizers.trie import TrieTokenizer
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.util.fsutil import atomic_path, sha256_file
@@ -23,6 +23,7 @@ from recurrent_coreai.util.fsutil import atomic_path, sha256_file
 VOCAB_FILE = "rwkv_vocab_v20230424.txt"  # the World vocab file as checkpoints (and the pinned package) name it
 
 WORLD_VOCAB_SIZE = 65529
+ID_COUNT = WORLD_VOCAB_SIZE + 1  # ids 0 (end of text) .. 65529: a model needs a row for each
 
 # Strings the bake must round-trip through both tokenizers: the shared texts, then bytes that are
 # not UTF-8.
@@ -230,6 +231,11 @@ class WorldTokenizer:
     def __len__(self) -> int:
         return len(self.trie.vocab)
 
+    @property
+    def n_ids(self) -> int:
+        """How many ids it can produce: 0 (end of text) .. the highest id of its vocabulary."""
+        return max(self.trie.vocab, default=EOS) + 1
+
     def encode(self, text: str | bytes) -> list[int]:
         return self.trie.encode(text)
 
@@ -278,6 +284,19 @@ def carry(base: Path, out: Path, settings: Mapping) -> list[Path]:
         else:
             shutil.copyfile(f, out / f.name)
     return carried
+
+
+def fits(source_dir: Path, settings: Mapping, rows: Mapping[str, int], where: str | Path) -> int:
+    """Every World id (0 .. 65529; the vocabulary is pinned) has a row in each tensor of ``rows``
+    ({tensor: rows}); else one line at ``where``. Returns the number of ids."""
+    del source_dir  # the pinned vocabulary; a checkpoint's own copy is checked against it (carry)
+    if settings.get(PIN):
+        raise PipelineError("config.yaml", f"source.{PIN} pins a tokenizer file, but this model uses the RWKV World "
+                            "vocabulary, pinned by vocab.sha256", f"remove {PIN} from the model's source")
+    fit.check(where, rows, ID_COUNT, "the RWKV World vocabulary",
+              "this checkpoint was not trained with the RWKV World vocabulary (every token id needs a row in the "
+              "embedding and the head); it is not supported")
+    return ID_COUNT
 
 
 def bake_stage(source_dir: Path, out_dir: Path, settings: Mapping) -> dict:

@@ -32,6 +32,7 @@ class Mamba2Family(base.Family):
     }
     tags = ("mamba", "mamba2", "ssm", "state-space-model")
     max_chunk = 256
+    vocab_tensors = ("backbone.embeddings.weight", "lm_head.weight")
     shape_keys = tuple(_geometry.SHAPE_KEYS)
     card_summary = (
         "Mamba-2 is a selective state-space model: each layer projects its input once (in_proj) into a gate z, "

@@ -28,6 +28,7 @@ from recurrent_coreai.families.base import Family, StateSpec
 from recurrent_coreai.families.rwkv6 import geometry as _geometry
 from recurrent_coreai.families.rwkv6 import layouts as _layouts
 from recurrent_coreai.families.rwkv6.geometry import Geometry
+from recurrent_coreai.tokenizers import world
 
 _LINEAR = r"rwkv\.blocks\.\d+\."
 
@@ -47,7 +48,8 @@ class Rwkv6Family(Family):
         "state_inputs": _LINEAR + r"attention\.(receptance|key|value|gate|maa_w1|maa_w2\.\d+|decay_w1|decay_w2)",
     }
     tags: ClassVar[tuple[str, ...]] = ("rwkv", "rwkv6", "finch", "recurrent")
-    min_vocab = 65530  # the World vocabulary's ids (0..65529) must all have a row
+    min_vocab = world.ID_COUNT  # the World vocabulary's ids (0..65529) must all have a row
+    vocab_tensors: ClassVar[tuple[str, ...]] = ("rwkv.embeddings.weight", "head.weight")
     max_chunk: ClassVar[int] = 128
     shape_keys: ClassVar[tuple[str, ...]] = _geometry.SHAPE_KEYS
     card_summary: ClassVar[str] = (

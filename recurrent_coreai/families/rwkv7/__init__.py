@@ -13,6 +13,7 @@ from typing import Mapping
 
 from recurrent_coreai.families import base
 from recurrent_coreai.families.rwkv7.geometry import Geometry, expected_shapes
+from recurrent_coreai.tokenizers import world
 
 HERE = Path(__file__).resolve().parent
 
@@ -33,7 +34,8 @@ class Rwkv7Family(base.Family):
     }
     tags = ("rwkv7", "rwkv", "linear-attention")
     max_chunk = 128  # chunked.MAX_CHUNK
-    min_vocab = 65530  # the World vocabulary's ids (0..65529) must all have a row
+    min_vocab = world.ID_COUNT  # the World vocabulary's ids (0..65529) must all have a row
+    vocab_tensors = ("model.embeddings.weight", "lm_head.weight")
     shape_keys = ("layers", "hidden", "head_dim", "ffn", "vocab", "decay_lora", "a_lora", "v_lora", "gate_lora")
     card_summary = ('RWKV-7 ("Goose", x070) is a recurrent language model: decoding costs O(1) per token and the '
                     "whole context lives in two fixed-size states, so there is **no KV cache** and memory does not "
