@@ -12,6 +12,9 @@ must still build, checked against independent readers (safetensors, card.py, the
 from __future__ import annotations
 
 import json
+import struct
+import warnings
+import zipfile
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from recurrent_coreai import families
 from recurrent_coreai.families.rwkv7 import blinkdl
 from recurrent_coreai.stages import card
 from recurrent_coreai.checkpoints import reader as checkpoint
@@ -106,6 +110,49 @@ def pth(root: Path, obj) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     torch.save(obj, root / "model.pth")
     return root / "model.pth"
+
+
+def flip_in_member(path: Path, holds: bytes | None = None, suffix: str | None = None) -> str:
+    """Flip one byte in the middle of the zip member of a torch.save file that holds exactly
+    ``holds`` (found by its content, read with zipfile) or whose name ends with ``suffix``;
+    returns the member's name. Only the member's data changes: its recorded CRC-32 does not."""
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist()
+                    if (z.read(i) == holds if holds is not None else i.filename.endswith(suffix)))
+    data = bytearray(path.read_bytes())
+    n, m = struct.unpack("<HH", data[info.header_offset + 26: info.header_offset + 30])  # local header
+    data[info.header_offset + 30 + n + m + info.file_size // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    return info.filename
+
+
+def pth_flipped(root: Path, sd: dict, name: str | None) -> Path:
+    """The BlinkDL .pth (torch.save) with a byte flipped in tensor ``name``'s storage (None: in the pickle)."""
+    tensors = blinkdl.from_hf(sd)
+    path = pth(root, tensors)
+    flip_in_member(path, tensors[name].numpy().tobytes() if name else None, None if name else "/data.pkl")
+    return path
+
+
+def bin_dir_flipped(root: Path, sd: dict, name: str) -> Path:
+    """A transformers-4 style directory (pytorch_model.bin by torch.save + config.json), one byte flipped."""
+    root.mkdir(parents=True, exist_ok=True)
+    torch.save(sd, root / "pytorch_model.bin")
+    (root / "config.json").write_text(json.dumps(G.to_hf_config()))
+    flip_in_member(root / "pytorch_model.bin", sd[name].numpy().tobytes())
+    return root
+
+
+def quantized(t: torch.Tensor) -> torch.Tensor:
+    with warnings.catch_warnings():  # torch deprecates creating quantized tensors; files of them exist
+        warnings.simplefilter("ignore")
+        return torch.quantize_per_tensor(t, 0.01, 0, torch.qint8)
+
+
+def cut_short(path: Path) -> Path:
+    """The zip's last 100 bytes (its central directory's end record) gone: an interrupted download."""
+    path.write_bytes(path.read_bytes()[:-100])
+    return path
 
 
 def text_file(root: Path) -> Path:
@@ -212,6 +259,27 @@ CASES = {
                          ['hidden_ratio must be a positive number, got "abc"'], "config.json"),
     "config-is-a-list": (lambda r, sd, p: fla_dir(r, sd, [G.to_hf_config()]),
                          ["is a JSON array, not an object"], "config.json"),
+    "pth-flipped-byte-in-a-tensor": (lambda r, sd, p: pth_flipped(r, sd, "blocks.1.att.r_k"),
+                                     ["zip member model/data/", "(the bytes of tensor blocks.1.att.r_k) fails its "
+                                      "CRC-32 check: the file is corrupted"], "model.pth"),
+    "pth-flipped-byte-in-the-pickle": (lambda r, sd, p: pth_flipped(r, sd, None),
+                                       ["zip member model/data.pkl (the pickle of tensor names and shapes) fails its "
+                                        "CRC-32 check"], "model.pth"),
+    "bin-flipped-byte": (lambda r, sd, p: bin_dir_flipped(r, sd, "lm_head.weight"),
+                         ["zip member pytorch_model/data/", "(the bytes of tensor lm_head.weight) fails its CRC-32"],
+                         "pytorch_model.bin"),
+    "pth-zip-cut-short": (lambda r, sd, p: cut_short(pth(r, blinkdl.from_hf(sd))),
+                          ["cannot read its zip container (BadZipFile"], "model.pth"),
+    "pth-sparse-tensor": (pth_with("blocks.0.att.r_k", lambda t: t.to_sparse()),
+                          ["tensor blocks.0.att.r_k is stored in the sparse_coo layout (sparse), not as a dense "
+                           "array"], "model.pth"),
+    "pth-sparse-csr-tensor": (pth_with("head.weight", lambda t: t.to_sparse_csr()),
+                              ["tensor head.weight is stored in the sparse_csr layout (sparse)"], "model.pth"),
+    "pth-meta-tensor": (pth_with("head.weight", lambda t: torch.empty_like(t, device="meta")),
+                        ["tensor head.weight is a meta tensor: shape [256, 64] but no data"], "model.pth"),
+    "pth-quantized-tensor": (pth_with("blocks.1.ffn.key.weight", quantized),
+                             ["tensor blocks.1.ffn.key.weight is quantized (qint8, per_tensor_affine); weights must "
+                              "be float32, float16 or bfloat16"], "model.pth"),
     "pth-holds-a-list": (lambda r, sd, p: pth(r, [1, 2]), ["holds a list, not a state dict of tensors"], "model.pth"),
     "pth-holds-non-tensor": (lambda r, sd, p: pth(r, {"emb.weight": 3}), ["entry 'emb.weight' is not a tensor (int)"],
                              "model.pth"),
@@ -305,3 +373,66 @@ def test_synthetic_card_front_matter_is_valid_yaml(cfg, license_, tmp_path):
     out = tmp_path / "src"
     build_source("rwkv7-tiny", model, cfg["vocab"], out)
     assert card.source_license(out, None) == license_
+
+
+# --- torch.save containers: CRC-32 of every zip member; what is read as it is --------------------
+def test_a_flipped_byte_names_its_zip_member_and_tensor(sd, cfg, tmp_path):
+    """The member found by its content (zipfile, not the reader) is the one the line names, with
+    its tensor; torch.load(mmap=True) alone returns the damaged values without a word."""
+    tensors = blinkdl.from_hf(sd)
+    path = pth(tmp_path / "src", tensors)
+    member = flip_in_member(path, tensors["blocks.0.att.key.weight"].numpy().tobytes())
+    assert member.startswith("model/data/")
+    damaged = torch.load(path, mmap=True, weights_only=True)["blocks.0.att.key.weight"]
+    assert not torch.equal(damaged, tensors["blocks.0.att.key.weight"])  # accepted by torch, not by us
+    with pytest.raises(PipelineError) as exc:
+        run_source(path, tmp_path / "out", cfg["vocab"])
+    assert exc.value.what == (f"zip member {member} (the bytes of tensor blocks.0.att.key.weight) fails its CRC-32 "
+                              "check: the file is corrupted")
+    assert exc.value.where == str(path)
+
+
+def test_a_storage_shared_by_two_names_names_both(tmp_path):
+    """A tied pair (one storage, two names: torch.save stores it once) is named whole."""
+    emb = torch.randn(8, 4)
+    path = tmp_path / "tied.pth"
+    torch.save({"emb.weight": emb, "other": torch.randn(3), "head.weight": emb}, path)
+    flip_in_member(path, emb.numpy().tobytes())
+    with pytest.raises(PipelineError, match=r"tied\.pth: zip member tied/data/\d+ \(the bytes of tensor emb\.weight, "
+                       r"head\.weight\) fails its CRC-32 check"):
+        checkpoint.load_pickle(path)
+
+
+def offset_view(t: torch.Tensor) -> torch.Tensor:
+    """The same values, stored at an offset inside a larger storage."""
+    return torch.cat([torch.zeros(5, dtype=t.dtype), t.flatten(), torch.ones(3, dtype=t.dtype)])[5:5 + t.numel()].view(
+        t.shape)
+
+
+VIEWS = {
+    "legacy-format": lambda t: t,               # saved with _use_new_zipfile_serialization=False
+    "transposed": lambda t: t.t().contiguous().t() if t.dim() == 2 else t,
+    "offset-in-storage": offset_view,
+    "expanded": lambda t: t.flatten()[:1].expand(t.numel()).view(t.shape) if t.dim() == 1 else t,
+}
+
+
+@pytest.mark.parametrize("how", list(VIEWS))
+def test_pickles_torch_writes_are_read_as_the_values_they_hold(how, sd, tmp_path):
+    """A legacy (non-zip) torch.save has no CRC to check and is read as it is; dense tensors stored
+    non-contiguously (transposed, at an offset, expanded with stride 0) are read as the values they
+    show: the normal form equals that of the same values saved contiguously, byte for byte."""
+    tensors = {k: VIEWS[how](v) for k, v in blinkdl.from_hf(sd).items()}
+    if how != "legacy-format":
+        assert any(not t.is_contiguous() or t.storage_offset() for t in tensors.values())
+    want = {k: v.contiguous().clone() for k, v in tensors.items()}
+    rwkv7 = families.get("rwkv7")
+    checkpoint.write_normalized(pth(tmp_path / "plain", want), tmp_path / "want.safetensors", rwkv7)
+    path = tmp_path / "src" / "model.pth"
+    path.parent.mkdir()
+    torch.save(tensors, path, _use_new_zipfile_serialization=how != "legacy-format")
+    assert zipfile.is_zipfile(path) == (how != "legacy-format")
+    checkpoint.write_normalized(path, tmp_path / "got.safetensors", rwkv7)
+    assert (tmp_path / "got.safetensors").read_bytes() == (tmp_path / "want.safetensors").read_bytes()
+    with safe_open(tmp_path / "got.safetensors", "pt") as fh:  # and those are the values saved
+        assert all(torch.equal(fh.get_tensor(k), v) for k, v in sd.items())

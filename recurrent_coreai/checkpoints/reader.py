@@ -10,6 +10,15 @@ Weights come from one file, every ``*.safetensors`` of a directory (else every `
 pickles read with ``torch.load(weights_only=True)``: tensors and plain containers only, never
 code), or exactly the shards that ``model.safetensors.index.json`` names. Every tensor is checked as it is read (float32/float16/
 bfloat16, finite) and stored once; anything else is a :class:`PipelineError` naming it.
+
+A pickle in torch.save's zip format (every ``.pth``/``.bin`` since torch 1.6, transformers'
+``pytorch_model.bin``) has its members' CRC-32s checked first, member by member
+(:func:`check_zip`): ``torch.load(mmap=True)`` itself never checks them, and a flipped byte would
+otherwise be normalised and the reference built from the same wrong bytes. torch.save's legacy
+(non-zip, ``_use_new_zipfile_serialization=False``) format stores no checksum: it is read as it
+is; only what the unpickler and the value checks see can be caught there. A sparse, meta or
+quantized tensor is refused by name; a non-contiguous (strided view, expanded) dense tensor is
+read as the values it shows.
 """
 
 from __future__ import annotations
@@ -17,6 +26,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -88,13 +99,78 @@ def _indexed_files(src: Path, index: dict[str, str]) -> list[Path]:
     return [src / shard for shard in named]
 
 
+ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, NotImplementedError, RuntimeError,
+              zlib.error, OSError)
+
+
+def is_zip(f: Path) -> bool:
+    """torch.save's zip format (as torch.load tells it: a zip local-file header first)."""
+    with open(f, "rb") as fh:
+        return fh.read(4) == b"PK\x03\x04"
+
+
+def check_zip(f: Path) -> None:
+    """Every member of a zip-format torch.save file against its CRC-32, read member by member,
+    1 MiB at a time (``ZipFile.testzip``): nothing is held whole. A member whose bytes changed is
+    one line naming it (a tensor storage ``<archive>/data/<key>`` or the pickle ``data.pkl``)."""
+    fix = "re-download the file (or save it again with torch.save): its bytes changed after it was written"
+    try:
+        with zipfile.ZipFile(f) as z:
+            bad = z.testzip()
+    except ZIP_ERRORS as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise PipelineError(f, f"cannot read its zip container ({type(exc).__name__}: {first})", fix) from None
+    if bad is not None:
+        names = _tensors_stored_in(f, bad) if "/data/" in f"/{bad}" else []
+        what = ("the pickle of tensor names and shapes" if bad.endswith("data.pkl") else
+                f"the bytes of tensor {', '.join(names)}" if names else
+                "the bytes of one tensor storage" if "/data/" in f"/{bad}" else "a torch.save record")
+        raise PipelineError(f, f"zip member {bad} ({what}) fails its CRC-32 check: the file is corrupted", fix)
+
+
+def _data_offsets(f: Path) -> dict[str, int]:
+    """Where each member's bytes start in a zip file (after its local header: 30 bytes, the name
+    and the extra field, whose lengths are at bytes 26 and 28)."""
+    out = {}
+    with zipfile.ZipFile(f) as z, open(f, "rb") as fh:
+        for info in z.infolist():
+            fh.seek(info.header_offset)
+            head = fh.read(30)
+            out[info.filename] = info.header_offset + 30 + int.from_bytes(head[26:28], "little") + \
+                int.from_bytes(head[28:30], "little")
+    return out
+
+
+def _tensors_stored_in(f: Path, member: str) -> list[str]:
+    """The names of the tensors whose storage is zip member ``member`` of an (otherwise readable)
+    torch.save file; [] when that cannot be told. torch.load(mmap=True) maps the file once and
+    each storage is a slice at its member's offset: the storages' addresses, less one common
+    base, are the members' offsets. Nothing of the damaged bytes is read."""
+    try:
+        offsets = _data_offsets(f)
+        sd = torch.load(f, map_location="cpu", mmap=True, weights_only=True)
+        if not isinstance(sd, Mapping):
+            return []
+        ptrs = {n: t.untyped_storage().data_ptr() for n, t in sd.items() if isinstance(t, torch.Tensor)}
+        starts = {o for name, o in offsets.items() if "/data/" in f"/{name}"}  # the storages
+        first = min(ptrs.values(), default=0)
+        bases = [first - o for o in starts if all(p - (first - o) in starts for p in ptrs.values())]
+        if len(bases) != 1:
+            return []
+        return [n for n, p in ptrs.items() if p - bases[0] == offsets[member]]
+    except Exception:  # noqa: BLE001 - only a better message is at stake: the member is named anyway
+        return []
+
+
 def load_pickle(f: Path, mmap: bool = True) -> object:
     """A PyTorch pickle (``.pth``/``.bin``) loaded with ``weights_only=True``: torch's restricted
     unpickler, which builds tensors and plain containers and refuses any other global (a pickle
-    that would call ``os.system`` is refused here, in one line, and never runs)."""
+    that would call ``os.system`` is refused here, in one line, and never runs). A zip-format file
+    has its CRC-32s checked first (:func:`check_zip`); a legacy one has none to check."""
     import pickle
-    import zipfile
 
+    if is_zip(f):
+        check_zip(f)
     try:
         return torch.load(f, map_location="cpu", mmap=mmap, weights_only=True)
     except RuntimeError as exc:
@@ -146,9 +222,29 @@ def _file_tensors(f: Path) -> Iterator[tuple[str, torch.Tensor]]:
                             "re-download the file; it is truncated or corrupted") from None
 
 
+def check_storage(f: Path, name: str, t: torch.Tensor) -> None:
+    """A weight must be a dense array with data: a sparse, meta or quantized tensor (a pickle can
+    hold each) is one line naming it. A non-contiguous dense one (a transposed or expanded view) is
+    fine: its values are what it shows."""
+    shape = list(t.shape)
+    if t.layout != torch.strided:
+        layout = str(t.layout).removeprefix("torch.")
+        raise PipelineError(f, f"tensor {name} is stored in the {layout} layout (sparse), not as a dense array",
+                            "save dense weights: torch.save({k: v.to_dense() for k, v in state_dict.items()}, path)")
+    if t.is_meta:
+        raise PipelineError(f, f"tensor {name} is a meta tensor: shape {shape} but no data (saved from a model "
+                            "built on the meta device, before its weights were loaded)",
+                            "save the state dict after the weights are loaded (or use the original checkpoint)")
+    if t.is_quantized:
+        raise PipelineError(f, f"tensor {name} is quantized ({str(t.dtype).removeprefix('torch.')}, "
+                            f"{str(t.qscheme()).removeprefix('torch.')}); weights must be float32, float16 or "
+                            "bfloat16", "use the unquantized checkpoint (or save t.dequantize() of each tensor)")
+
+
 def check_values(f: Path, name: str, t: torch.Tensor) -> None:
-    """A weight must be floating point and finite. One fused min/max pass (no copy of the tensor);
-    the NaN/Inf count is only computed for the message."""
+    """A weight must be a dense array (:func:`check_storage`), floating point and finite. One fused
+    min/max pass (no copy of the tensor); the NaN/Inf count is only computed for the message."""
+    check_storage(f, name, t)
     if t.dtype not in FLOAT_DTYPES:
         raise PipelineError(f, f"tensor {name} has dtype {str(t.dtype).removeprefix('torch.')}; weights must be "
                             "float32, float16 or bfloat16", "the file is corrupted or not a model checkpoint: "
