@@ -212,6 +212,8 @@ class DecodeSession:
                                 f"({type(exc).__name__}: {exc})",
                                 "re-run the aot stage; check the toolchain versions") from None
         self.state_shapes, self.state_dtype = state_shapes, np.dtype(state_dtype)
+        logits = [t for t in (expected or {}).get("outputs", []) if t["name"] == "logits"]
+        self.vocab_size = int(logits[0]["shape"][-1]) if logits else None  # logits per call, when export.json says
         states = [{"name": n, "shape": list(shape), "dtype": self.state_dtype.name} for n, shape in state_shapes.items()]
         try:
             check_function(aimodelx, self._fn, self.function, {"states": states, **(expected or {})})
@@ -232,6 +234,12 @@ class DecodeSession:
 
     def step(self, token: int) -> np.ndarray:
         return self._call(self._fn, [token])
+
+    @property
+    def runtime_threads_inside(self) -> int:
+        """Runtime threads still inside Python for this session's calls: 0 whenever a call has
+        returned (:class:`RuntimeLoop`)."""
+        return self._loop.inside
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         return {n: np.asarray(a.numpy()).copy() for n, a in self.states.items()}

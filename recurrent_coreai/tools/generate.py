@@ -16,7 +16,6 @@ goes through the decode function (``main``).
 
 from __future__ import annotations
 
-import argparse
 import codecs
 import sys
 import time
@@ -32,6 +31,7 @@ from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_function
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.pipeline.paths import Layout
 from recurrent_coreai.pipeline.records import AOT, read_aot, read_export, read_vocab
+from recurrent_coreai.tools.one_line_parser import OneLineParser
 from recurrent_coreai.tools.sampling import Sampler, Sampling
 from recurrent_coreai import families, tokenizers
 
@@ -206,9 +206,9 @@ def open_bundle(results: Path, model: str, recipe: str, use_prefill: bool = True
                          expected=functions[DECODE]), tokenizer
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m recurrent_coreai generate",
-                                description="Generate text with a built bundle in the Core AI runtime.")
+def parser() -> OneLineParser:
+    p = OneLineParser(prog="python -m recurrent_coreai generate",
+                      description="Generate text with a built bundle in the Core AI runtime.")
     p.add_argument("prompt")
     p.add_argument("--model", required=True)
     p.add_argument("--recipe", required=True)
@@ -245,8 +245,6 @@ def main(argv=None) -> int:
         prompt = chat_tokens(tokenizer, ns.prompt, chat=not ns.no_chat)
     except ValueError as exc:
         raise PipelineError("prompt", str(exc), "remove that character from the prompt") from None
-    if not sampler.cfg.greedy:
-        print(f"sampling: seed {sampler.seed}", file=sys.stderr)
     out = sys.stdout.buffer
 
     def write(text: str) -> None:
@@ -254,6 +252,9 @@ def main(argv=None) -> int:
         out.flush()
 
     with session:
+        sampler.cfg.check(vocab=session.vocab_size)  # top-k against the model's logits
+        if not sampler.cfg.greedy:
+            print(f"sampling: seed {sampler.seed}", file=sys.stderr)
         res = generate(session, tokenizer, prompt, sampler, ns.max_new_tokens, stop, write)
     write("\n")
     print(res.speeds(), file=sys.stderr)

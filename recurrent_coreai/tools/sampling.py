@@ -7,13 +7,23 @@ argmax — or temperature, top-k, top-p, softmax and a draw from a seeded genera
 
 from __future__ import annotations
 
+import math
 import secrets
+import sys
 from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
 
 from recurrent_coreai.util.errors import PipelineError
+
+
+SMALLEST = sys.float_info.min  # the smallest positive normal float: below it 1/x and x/y overflow
+
+
+def _positive(x: float) -> bool:
+    """A positive, finite, normal number (not NaN, not infinite, not subnormal)."""
+    return math.isfinite(x) and x >= SMALLEST
 
 
 @dataclass(frozen=True)
@@ -24,16 +34,22 @@ class Sampling:
     repetition_penalty: float = 1.0  # 1: none; >1 discourages tokens already in the context
     seed: int | None = None  # None: a fresh seed (reported, so the run can be repeated)
 
-    def check(self) -> "Sampling":
-        """Raises a one-line error for an out-of-range setting; returns self."""
-        bad = [("--temperature", self.temperature >= 0, "use 0 (greedy) or a positive value"),
+    def check(self, vocab: int | None = None) -> "Sampling":
+        """Raises a one-line error for an out-of-range setting; returns self. With ``vocab`` (the
+        number of logits) top-k is also checked against it."""
+        bad = [("--temperature", self.temperature == 0 or _positive(self.temperature),
+                f"use 0 (greedy) or a finite positive value of at least {SMALLEST!r}"),
                ("--top-k", self.top_k >= 0, "use 0 (off) or a positive count"),
                ("--top-p", 0 < self.top_p <= 1, "use a value in (0, 1]; 1 turns it off"),
-               ("--repetition-penalty", self.repetition_penalty > 0, "use a positive value; 1 turns it off")]
+               ("--repetition-penalty", _positive(self.repetition_penalty),
+                f"use a finite positive value of at least {SMALLEST!r}; 1 turns it off")]
         for flag, ok, fix in bad:
             if not ok:
                 value = getattr(self, flag[2:].replace("-", "_"))
                 raise PipelineError(flag, f"{value} is out of range", fix)
+        if vocab is not None and self.top_k > vocab:
+            raise PipelineError("--top-k", f"{self.top_k} is more than the model's {vocab} tokens",
+                                f"use 0 (off) or a count from 1 to {vocab}")
         return self
 
     @property
@@ -50,13 +66,18 @@ def penalize(logits: np.ndarray, seen: Iterable[int], penalty: float) -> np.ndar
     ids = np.fromiter(set(seen), dtype=np.int64)
     if ids.size:
         vals = out[ids]
-        out[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
+        with np.errstate(over="ignore"):
+            out[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
+        big = np.finfo(np.float64).max  # a small penalty must not make a logit infinite (inf - inf is NaN)
+        np.clip(out, -big, big, out=out)
     return out
 
 
 def filtered_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
     """The sampling distribution over the vocabulary after temperature, top-k and top-p."""
-    z = np.asarray(logits, dtype=np.float64) / temperature
+    z = np.asarray(logits, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        z = (z - z.max()) / temperature  # <= 0: a small temperature gives -inf (probability 0), never inf
     if 0 < top_k < z.size:
         kth = np.partition(z, -top_k)[-top_k]
         z = np.where(z >= kth, z, -np.inf)
@@ -82,7 +103,7 @@ class Sampler:
         self.rng = np.random.default_rng(self.seed)
 
     def __call__(self, logits: np.ndarray, context: Iterable[int] = ()) -> int:
-        c = self.cfg
+        c = self.cfg.check(vocab=np.size(logits)) if self.cfg.top_k else self.cfg
         z = penalize(logits, context, c.repetition_penalty)
         if c.greedy:
             return int(np.argmax(z))
