@@ -127,7 +127,16 @@ def save_streamed(path: str | Path, specs: Mapping[str, Spec], tensors: Iterable
 
 
 def save_normalized(sd: Mapping[str, torch.Tensor], path: str | Path) -> None:
-    """Normal-form weights as ``model.safetensors`` (the bytes of ``safetensors.torch.save_file``)."""
+    """Normal-form weights as ``model.safetensors`` (the bytes of ``safetensors.torch.save_file``).
+    Tensors that share one storage (a tied head that torch.save stored once, as in a transformers
+    ``pytorch_model.bin``) are each written in full: save_file refuses shared memory."""
     from safetensors.torch import save_file
 
-    save_file({k: v.contiguous() for k, v in sd.items()}, str(path), metadata=NORMAL_METADATA)
+    seen: set[int] = set()
+    out = {}
+    for k, v in sd.items():
+        v = v.contiguous()
+        ptr = v.untyped_storage().data_ptr()
+        out[k] = v.clone() if ptr in seen and v.numel() else v
+        seen.add(ptr)
+    save_file(out, str(path), metadata=NORMAL_METADATA)

@@ -77,6 +77,57 @@ def test_both_config_styles_give_the_same_geometry():
     assert (hc.num_heads, hc.head_dim, hc.n_groups, hc.state_size) == (g.heads, g.headdim, g.n_groups, g.d_state)
 
 
+# time_step_limit / dt_limit [0, infinity] in every spelling a writer uses: Python's json (bare
+# Infinity; 1e309 reads as inf), transformers 5's tagged object, a -Infinity lower bound
+NO_CLAMP = {
+    "python-float": [0.0, float("inf")],
+    "bare-Infinity-token": json.loads("[0.0, Infinity]"),
+    "1e309": json.loads("[0, 1e309]"),
+    "transformers-5-tag": [0.0, {"__float__": "Infinity"}],
+    "both-tagged": [{"__float__": "-Infinity"}, {"__float__": "Infinity"}],
+}
+# a clamp, or what no writer means as infinity (transformers decodes only its exact tags)
+CLAMPS = {
+    "upper-clamp": [0.0, 0.1],
+    "lower-clamp": [0.001, {"__float__": "Infinity"}],
+    "largest-finite": [0.0, 1e308],
+    "string-inf": [0.0, "inf"],
+    "nan-tag": [0.0, {"__float__": "NaN"}],
+    "tag-plus-key": [0.0, {"__float__": "Infinity", "x": 1}],
+    "lowercase-tag": [0.0, {"__float__": "infinity"}],
+    "boolean": [False, True],
+    "three-values": [0.0, float("inf"), 1.0],
+}
+
+
+@pytest.mark.parametrize("spelling", list(NO_CLAMP))
+def test_no_dt_clamp_in_every_spelling_is_accepted(spelling):
+    v = NO_CLAMP[spelling]
+    assert FAMILY.geometry_from_config(hf_cfg(time_step_limit=v), "config.json") == \
+        FAMILY.geometry_from_config(hf_cfg(), "config.json")
+    ssm = {**ORIGINAL_130M, "ssm_cfg": {"layer": "Mamba2", "dt_limit": v}}
+    assert FAMILY.geometry_from_config(ssm, "config.json") == FAMILY.geometry_from_config(ORIGINAL_130M, "c")
+
+
+def test_transformers_own_config_json_is_accepted(tmp_path):
+    """The file Mamba2Config.save_pretrained writes (transformers 5: {"__float__": "Infinity"})."""
+    from transformers import Mamba2Config
+
+    Mamba2Config(hidden_size=64, num_hidden_layers=2, state_size=16, head_dim=16, num_heads=8, n_groups=1,
+                 vocab_size=320).save_pretrained(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    g = FAMILY.geometry_from_config(written, tmp_path / "config.json")
+    assert (g.hidden, g.layers, g.d_state, g.headdim, g.heads, g.vocab) == (64, 2, 16, 16, 8, 320)
+
+
+@pytest.mark.parametrize("spelling", list(CLAMPS))
+def test_a_dt_clamp_or_unknown_spelling_is_refused(spelling):
+    with pytest.raises(PipelineError) as e:
+        FAMILY.geometry_from_config(hf_cfg(time_step_limit=CLAMPS[spelling]), "config.json")
+    assert f"time_step_limit is {json.dumps(CLAMPS[spelling])}; this Mamba-2 port supports only time_step_limit " \
+        "[0, Infinity]" in one_line(e.value)
+
+
 @pytest.mark.parametrize("cfg,needle", [
     (hf_cfg(num_heads=12), "num_heads is 12 but expand*hidden/head_dim = 1536/64 = 24"),
     (hf_cfg(use_bias=True), "use_bias is true"),
@@ -253,3 +304,47 @@ def test_a_tied_head_left_out_by_the_hf_layout_is_materialised_by_the_source_sta
     with safe_open(outs["hf"] / "model.safetensors", "pt") as fh:
         head, emb = fh.get_tensor("lm_head.weight"), fh.get_tensor("backbone.embeddings.weight")
     assert torch.equal(head, emb)
+
+
+# --- files transformers itself wrote, through the source stage ---------------------------------
+HF_TINY = {"hidden_size": 64, "num_hidden_layers": 2, "state_size": 16, "head_dim": 16, "num_heads": 8,
+           "n_groups": 2, "vocab_size": 320, "conv_kernel": 4, "expand": 2}
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("how", ["save_pretrained", "torch.save-bin"])
+def test_a_checkpoint_transformers_saved_goes_through_the_source_stage(tmp_path, cfg, how, tied):
+    """A tiny Mamba2ForCausalLM saved by transformers 5's save_pretrained (model.safetensors, a
+    tied head left out, config.json with time_step_limit [0.0, {"__float__": "Infinity"}]), or its
+    state dict written by torch.save as pytorch_model.bin (as transformers 4 saved with
+    safe_serialization=False: transformers 5 ignores that flag and writes safetensors), is read by
+    the source stage, and the normalised weights equal what the transformers model holds."""
+    from safetensors import safe_open
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+
+    from recurrent_coreai import tokenizers
+    from recurrent_coreai.stages.source import build_source
+
+    torch.manual_seed(5)
+    model = Mamba2ForCausalLM(Mamba2Config(**HF_TINY, tie_word_embeddings=tied)).eval()
+    src = tmp_path / "hf"
+    model.save_pretrained(src, safe_serialization=how == "save_pretrained")
+    assert json.loads((src / "config.json").read_text())["time_step_limit"] == [0.0, {"__float__": "Infinity"}]
+    if how == "torch.save-bin":
+        (src / "model.safetensors").unlink()
+        torch.save(model.state_dict(), src / "pytorch_model.bin")
+    assert sorted(p.name for p in src.glob("*.safetensors")) == (["model.safetensors"] if how == "save_pretrained"
+                                                                 else [])
+    tokenizers.kind(FAMILY.tokenizer).source_files(src, {**cfg["vocab"], "vocab_size": HF_TINY["vocab_size"]})
+    out = tmp_path / "source"
+    spec = {"family": "mamba2", "source": {"kind": "path", "path": str(src)}, "license": "apache-2.0"}
+    manifest = build_source("hf-saved", spec, cfg["vocab"], out)
+    assert manifest["layout"] == "hf"
+    held = {k: v.detach() for k, v in model.state_dict().items()}
+    assert "lm_head.weight" in held
+    with safe_open(out / "model.safetensors", "pt") as fh:
+        assert sorted(fh.keys()) == sorted(held)
+        for name, want in held.items():
+            assert torch.equal(fh.get_tensor(name), want), name
+    g = FAMILY.geometry_from_dict(manifest["geometry"])
+    assert (g.hidden, g.layers, g.n_groups, g.vocab, g.tie_embeddings) == (64, 2, 2, 320, tied)

@@ -164,9 +164,25 @@ class _Reader:
                                 f"only {want}", "use a plain Mamba-2 checkpoint (or extend families/mamba2)")
 
 
+# transformers >= 5 writes a float JSON has no literal for as a tagged object (PreTrainedConfig's
+# _encode_special_floats: {"__float__": "Infinity"}) and reads back exactly these tags
+FLOAT_TAGS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+
+
+def json_float(x: object) -> float | None:
+    """A number of config.json in any spelling its writers use: a JSON number (Python's json writes
+    infinity as the bare token ``Infinity``; ``1e309`` reads as infinity too) or transformers'
+    ``{"__float__": "Infinity"}``. None for anything else (a string, a boolean ...)."""
+    if type(x) in (int, float):
+        return float(x)
+    if isinstance(x, Mapping) and set(x) == {"__float__"} and isinstance(x["__float__"], str):
+        return FLOAT_TAGS.get(x["__float__"])
+    return None
+
+
 def _no_dt_clamp(v: object) -> bool:
-    return (isinstance(v, (list, tuple)) and len(v) == 2 and all(type(x) in (int, float) for x in v)
-            and v[0] <= 0 and v[1] == math.inf)
+    pair = [json_float(x) for x in v] if isinstance(v, (list, tuple)) else []
+    return len(pair) == 2 and None not in pair and pair[0] <= 0 and pair[1] == math.inf
 
 
 def _check_heads(g: Geometry, heads: int, key: str, where: str | Path) -> None:
