@@ -197,3 +197,34 @@ def test_generic_reader_reads_both_layouts(sd, layout, tmp_path):
     write_normalized(src, dst, FAM)
     want = FAM.write_layout(sd, tmp_path / "want", "hf")
     assert dst.read_bytes() == want.read_bytes()
+
+
+def documented_blinkdl_names(layers: int) -> set[str]:
+    """The names of a BlinkDL x060 .pth as /work/shared/knowledge/families.md lists them (not
+    the family's own mapping)."""
+    names = {"emb.weight", "blocks.0.ln0.weight", "blocks.0.ln0.bias", "ln_out.weight", "ln_out.bias", "head.weight"}
+    for i in range(layers):
+        b = f"blocks.{i}."
+        names |= {f"{b}{ln}.{p}" for ln in ("ln1", "ln2", "att.ln_x") for p in ("weight", "bias")}
+        names |= {f"{b}att.time_maa_{x}" for x in ("x", "w", "k", "v", "r", "g", "w1", "w2")}
+        names |= {f"{b}att.{x}" for x in ("time_decay", "time_decay_w1", "time_decay_w2", "time_faaaa")}
+        names |= {f"{b}att.{m}.weight" for m in ("receptance", "key", "value", "gate", "output")}
+        names |= {f"{b}ffn.{x}" for x in ("time_maa_k", "time_maa_r", "key.weight", "receptance.weight", "value.weight")}
+    return names
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_state_dict_torch_saved_directly_is_read(sd, dtype, tmp_path):
+    """BlinkDL's .pth is torch.save of a plain state dict (bf16 in the released files): written
+    here by torch.save itself, not by the family's writer, it is read by the checkpoint reader
+    (zip CRCs checked, geometry off the tensors) into the normal form, value for value."""
+    from recurrent_coreai.checkpoints import reader
+
+    blink = {k: v.to(dtype) for k, v in read_back(FAM.write_layout(sd, tmp_path / "ours", "blinkdl")).items()}
+    assert set(blink) == documented_blinkdl_names(G.layers)
+    path = tmp_path / "src" / "RWKV-x060-tiny.pth"
+    path.parent.mkdir()
+    torch.save(blink, path)
+    ck = reader.read_checkpoint(path, FAM)
+    assert (ck.layout, ck.geometry) == ("blinkdl", G)
+    assert_identical(ck.tensors, {k: v.to(dtype) for k, v in sd.items()})
