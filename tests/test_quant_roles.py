@@ -203,3 +203,29 @@ def test_the_card_shows_a_tied_head_a_raw_include_quantised(tiny_results, tmp_pa
     after = card.splitlines()[card.splitlines().index(lines[0]) + 1]
     assert after.startswith("Why this choice: "), after          # the line sits between the two, nothing lost
     assert not re.search(r"\n\n\n", card.split("<!-- quantization begin -->")[1].split("<!-- quantization end -->")[0])
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_int8keepproj_on_mamba2_quantises_only_the_tied_head_and_is_refused(cfg, tied):
+    """int8keepproj names RWKV's ffn.key/value (Mamba-2 has none) and lm_head: on a tied Mamba-2
+    only the head's int8 copy would be added beside the fp16 table (the bundle grows, nothing of
+    the model is quantised): refused before any weight is read; untied, the head is the model's own."""
+    g = geometry(tied)
+    q = quantize.resolve_roles(cfg["recipes"]["int8keepproj"]["quantize"], MAMBA2.roles, "int8keepproj",
+                               MAMBA2.tied_linears(g))
+    rows = quantize.plan(MAMBA2.decode_skeleton(g, torch.float16), q, "float16")
+    if not tied:
+        assert quantize.chosen(rows, q, "int8keepproj") == ["lm_head"]
+        return
+    with pytest.raises(PipelineError) as exc:
+        quantize.chosen(rows, q, "int8keepproj")
+    line = f"error: {exc.value}"
+    assert line == ("error: recipe int8keepproj: quantises only lm_head (tied to backbone.embeddings.weight): the bundle "
+                    "would keep that table in fp16 and add an int8 copy (larger than fp16) and quantise none of this "
+                    "model's own linears (include ['.*\\\\.ffn\\\\.(key|value)$', 'lm_head'] matches no other) -- fix: "
+                    "drop int8keepproj from this model's recipes, or name linears it has in "
+                    "recipes/int8keepproj/quantize (roles or include)"), line
+    # with one untied linear of its own beside the head the recipe is accepted (the card states the size)
+    more = {**q, "include": q["include"] + [MAMBA2.roles["mixer_output"]]}
+    rows = quantize.plan(MAMBA2.decode_skeleton(g, torch.float16), more, "float16")
+    assert "lm_head" in quantize.chosen(rows, more, "int8keepproj")

@@ -104,6 +104,16 @@ def chosen(rows: list[dict], q: dict, recipe_name: str = "?") -> list[str]:
                             f"can be quantised (input widths {widths[:6]}, block {q['block_size']}"
                             + (f"; tied {', '.join(tied)} kept: a role does not quantise a tied linear" if tied else "")
                             + ")", f"fix recipes/{recipe_name}/quantize: include/exclude patterns or block_size")
+    tied = {r["layer"]: r["tied_to"] for r in rows if "tied_to" in r and r["layer"] in names}
+    if len(tied) == len(names):
+        # only tied linears: each int8 copy sits beside the fp16 table its other user reads, so the
+        # bundle grows and none of the model's own weights is quantised
+        copies = ", ".join(f"{layer} (tied to {to})" for layer, to in tied.items())
+        raise PipelineError(f"recipe {recipe_name}", f"quantises only {copies}: the bundle would keep that table in "
+                            f"fp16 and add an int{q['bits']} copy (larger than fp16) and quantise none of this model's "
+                            f"own linears (include {q['include']} matches no other)",
+                            f"drop {recipe_name} from this model's recipes, or name linears it has in "
+                            f"recipes/{recipe_name}/quantize (roles or include)")
     return names
 
 

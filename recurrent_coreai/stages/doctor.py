@@ -6,6 +6,13 @@ writes every report (coreai-cli's own JSON per target) into ``results/<m>/gate/<
 A defect that coreai doctor rates fatal or silent (its exit status 2) fails the stage with exit 2
 and one line naming the finding; runaway/perf findings (its exit status 1) are kept in the JSON
 and logged as warnings. On failure the declared output is not written.
+
+Findings are judged per recipe where coreai doctor cannot know the recipe: a block-divisibility
+finding (:data:`BLOCK_RULE`, e.g. ``vocab_size=50288`` not divisible by 32: Mamba-2's padded
+vocabulary) is a defect only for a recipe whose quantisation plan (export.json ``quantized``)
+quantises a tensor with a dimension that is not a multiple of the recipe's block. For any other recipe (fp16, which quantises nothing; a
+recipe that keeps the head) the finding stays in the JSON with ``"applies": false`` and the
+reason in ``"not_applicable"``, and does not count towards the exit status.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from recurrent_coreai.pipeline.records import read_export, read_manifest, sealed
 PROFILE = "iphone"  # the device class the shipped bundles target (gates coreai doctor's device rules)
 FAIL_STATUS = 2  # coreai doctor: 2 = fatal/silent defect, 1 = runaway/perf, 0 = none
 FIX_TOOL = "pip install -r requirements.txt (coreai-cli is pinned there)"
+SEVERITY_STATUS = {"fatal": 2, "silent": 2, "runaway": 1, "perf": 1}  # coreai doctor's exit status per severity
+BLOCK_RULE = "QUANT-BLOCK-DIVISIBILITY"  # its evidence: "not divisible by block size B: name=value, ..."
 
 
 def doctor_json(lay: Layout, recipe: str) -> Path:
@@ -39,11 +48,13 @@ def tool_version() -> str:
         raise PipelineError("coreai-cli", "is not installed", FIX_TOOL) from None
 
 
-def run_doctor(target: Path) -> tuple[int, dict]:
+def run_doctor(target: Path, block_size: int | None = None) -> tuple[int, dict]:
     """``coreai doctor TARGET --json``: (its exit status, its JSON report). Paths in the report
     are given as ``target`` was (coreai doctor resolves them), so the JSON does not depend on
-    where the tree lives."""
-    cmd = [sys.executable, "-m", "coreai_cli", "doctor", str(target), "--json", "--profile", PROFILE]
+    where the tree lives. ``block_size``: the recipe's quantisation block (coreai doctor's
+    default, 32, without one)."""
+    cmd = [sys.executable, "-m", "coreai_cli", "doctor", str(target), "--json", "--profile", PROFILE,
+           *(["--block-size", str(block_size)] if block_size else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     try:
         report = json.loads(proc.stdout)
@@ -58,18 +69,58 @@ def run_doctor(target: Path) -> tuple[int, dict]:
     return proc.returncode, report
 
 
-def lint(sources: list[Path], checkpoint: Path | None, bundle: Path | None) -> dict:
-    """Every target's report and the worst exit status."""
+def not_applicable(finding: dict, export_record: dict | None) -> str | None:
+    """Why a finding does not apply to the recipe of ``export_record``, or None when it does.
+    Only a block-divisibility finding is judged: it applies when the recipe's plan quantises a
+    tensor with a dimension that is not a multiple of the recipe's block (whatever coreai doctor
+    names: it reads config.json, which may give the unpadded vocabulary, 50280 for a table of
+    50288 rows), and not otherwise."""
+    if finding["id"] != BLOCK_RULE or export_record is None:
+        return None
+    named = finding["evidence"].partition(":")[2].strip() or finding["evidence"]
+    recipe, quantized = export_record["recipe"], export_record.get("quantized", [])
+    if not quantized:
+        return f"recipe {recipe} quantises no tensor, so no block size applies to {named}"
+    block = ((export_record.get("recipe_spec") or {}).get("quantize") or {}).get("block_size")
+    if not block or any(d % block for row in quantized for d in row["shape"]):
+        return None
+    shapes = ", ".join(sorted({"x".join(map(str, r["shape"])) for r in quantized}))
+    return (f"recipe {recipe} quantises {len(quantized)} linear{'s' * (len(quantized) > 1)} whose every dimension is a "
+            f"multiple of its block {block} ({shapes}): {named} is in none of them")
+
+
+def judge(report: dict, export_record: dict | None) -> int:
+    """Mark the findings that do not apply to the recipe (``applies``, ``not_applicable``);
+    the report's exit status counting only those that do (coreai doctor's is ``doctor_exit_status``)."""
+    status = 0
+    for f in report["findings"]:
+        why = not_applicable(f, export_record)
+        if why is not None:
+            f.update(applies=False, not_applicable=why)
+        else:
+            status = max(status, SEVERITY_STATUS.get(f["severity"], 0))
+    if any(f.get("applies") is False for f in report["findings"]):
+        report["doctor_exit_status"] = report["exit_status"]
+        report["exit_status"] = status
+    return report["exit_status"]
+
+
+def lint(sources: list[Path], checkpoint: Path | None, bundle: Path | None, export_record: dict | None = None) -> dict:
+    """Every target's report and the worst exit status (findings that do not apply to the
+    recipe of ``export_record`` not counted: :func:`judge`)."""
     targets = [*sources, *([checkpoint] if checkpoint else []), *([bundle] if bundle else [])]
+    q = (export_record or {}).get("recipe_spec", {}).get("quantize") or {}
     reports, worst = [], 0
     for target in targets:
-        status, report = run_doctor(Path(target))
+        status, report = run_doctor(Path(target), q.get("block_size"))
         report["exit_status"] = status
         reports.append(report)
-        worst = max(worst, status)
-    findings = [f for r in reports for f in r["findings"]]
+        worst = max(worst, judge(report, export_record))
+    findings = [f for r in reports for f in r["findings"] if f.get("applies", True)]
     return {"tool": tool_version(), "profile": PROFILE, "exit_status": worst, "findings": len(findings),
             "defects": sum(f["severity"] in ("fatal", "silent", "runaway", "perf") for f in findings),
+            **({"not_applicable": sum(len(r["findings"]) for r in reports) - len(findings)}
+               if len(findings) < sum(len(r["findings"]) for r in reports) else {}),
             "reports": reports}
 
 
@@ -77,20 +128,25 @@ def first_defect(result: dict) -> tuple[str, dict]:
     """(target, finding) of the first fatal/silent finding."""
     for report in result["reports"]:
         for f in report["findings"]:
-            if f["severity"] in ("fatal", "silent"):
+            if f["severity"] in ("fatal", "silent") and f.get("applies", True):
                 return report["target"], f
     raise ValueError("no fatal or silent finding")
 
 
 def doctor_bundle(sources: list[Path], checkpoint: Path | None, export_dir: Path | None, out: Path) -> dict:
-    bundle = export_dir / read_export(export_dir)["bundle"] if export_dir else None
+    record = read_export(export_dir) if export_dir else None
+    bundle = export_dir / record["bundle"] if export_dir else None
     if checkpoint is not None and (Path(checkpoint) / "manifest.json").exists():
         read_manifest(Path(checkpoint))  # the source stage's bytes, as it recorded them
-    result = lint(sources, checkpoint, bundle)
+    result = lint(sources, checkpoint, bundle, record)
     for report in result["reports"]:
         for f in report["findings"]:
-            stage.log.warning("coreai doctor %s: %s (%s) at %s: %s -- fix: %s", report["kind"], f["id"], f["severity"],
-                              f["where"], f["evidence"], f["fix"])
+            if f.get("applies", True):
+                stage.log.warning("coreai doctor %s: %s (%s) at %s: %s -- fix: %s", report["kind"], f["id"],
+                                  f["severity"], f["where"], f["evidence"], f["fix"])
+            else:
+                stage.log.info("coreai doctor %s: %s (%s) at %s: %s -- not applicable: %s", report["kind"], f["id"],
+                               f["severity"], f["where"], f["evidence"], f["not_applicable"])
     if result["exit_status"] < FAIL_STATUS:
         write_text_atomic(out, sealed_text(result, "doctor"))  # sealed: see pipeline/records.py
     return result

@@ -1,0 +1,146 @@
+"""coreai doctor's findings judged per recipe (stages/doctor.py): a block-divisibility finding
+(QUANT-BLOCK-DIVISIBILITY, e.g. Mamba-2's padded vocab_size 50288, not a multiple of 32) fails the
+doctor stage only for a recipe that quantises a tensor with that dimension; for fp16 (nothing
+quantised) or a recipe that keeps the head it is kept in the JSON as not applicable, with why.
+
+Runs coreai doctor (coreai-cli) on a small Mamba-2 whose vocabulary is not a multiple of 32, in
+the state-spaces layout (vocab_size 1030 padded to 1040 by pad_vocab_size_multiple 16, as 50280
+-> 50288), and on the normal-form config.json of the shipped mamba2-1.3b-shape (never built here)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from recurrent_coreai import families
+from recurrent_coreai.coreai import quantize
+from recurrent_coreai.stages import doctor
+
+pytest.importorskip("coreai_cli")
+ROOT = Path(__file__).resolve().parents[1]
+MAMBA2 = families.get("mamba2")
+SHAPE = {"layers": 2, "hidden": 64, "d_state": 16, "headdim": 16, "vocab": 1040, "n_groups": 2, "tie_embeddings": True}
+FP16 = {"dtype": "float16"}
+# quantises the (tied) head by a raw include, and the out_proj linears: the head has the odd vocab dimension
+HEAD = {"dtype": "float16", "quantize": {"bits": 8, "block_size": 32, "axis": 1,
+                                         "include": ["lm_head", r"backbone\.layers\.\d+\.mixer\.out_proj"]}}
+
+
+def block_findings(result: dict) -> list[dict]:
+    return [f for r in result["reports"] for f in r["findings"] if f["id"] == doctor.BLOCK_RULE]
+
+
+def plan_record(recipe: str, spec: dict, geom) -> dict:
+    """What export.json says of a recipe's plan (recipe, recipe_spec, quantized), from the skeleton."""
+    q = spec.get("quantize")
+    if not q:
+        return {"recipe": recipe, "recipe_spec": spec, "quantized": []}
+    q = quantize.resolve_roles(q, MAMBA2.roles, recipe, MAMBA2.tied_linears(geom))
+    rows = quantize.plan(MAMBA2.decode_skeleton(geom, torch.float16), q, "float16")
+    return {"recipe": recipe, "recipe_spec": spec, "quantized": [r for r in rows if r["action"].startswith("int")]}
+
+
+def test_only_a_block_finding_is_judged_and_only_by_the_quantised_shapes():
+    finding = {"id": doctor.BLOCK_RULE, "evidence": "not divisible by block size 32: vocab_size=50280"}
+    spec = {"recipe_spec": HEAD}   # block 32
+    head = {"recipe": "h", **spec, "quantized": [{"layer": "lm_head", "shape": [50288, 2048]}]}   # padded rows
+    proj = {"recipe": "p", **spec, "quantized": [{"layer": "a.out_proj", "shape": [2048, 4096]},
+                                                 {"layer": "b.out_proj", "shape": [2048, 4096]}]}
+    assert doctor.not_applicable(finding, head) is None
+    assert doctor.not_applicable(finding, {"recipe": "fp16", "recipe_spec": FP16, "quantized": []}) == (
+        "recipe fp16 quantises no tensor, so no block size applies to vocab_size=50280")
+    assert doctor.not_applicable(finding, proj) == ("recipe p quantises 2 linears whose every dimension is a multiple "
+                                                    "of its block 32 (2048x4096): vocab_size=50280 is in none of them")
+    block64 = {**proj, "recipe_spec": {"quantize": {**HEAD["quantize"], "block_size": 64}},
+               "quantized": [{"layer": "x", "shape": [2048, 96]}]}
+    assert doctor.not_applicable(finding, block64) is None          # 96 is not a multiple of 64
+    assert doctor.not_applicable({**finding, "id": "SRC-F-NORMALIZE"}, {"recipe": "fp16", "quantized": []}) is None
+    assert doctor.not_applicable(finding, None) is None  # no export: judged as coreai doctor rates it
+
+
+@pytest.mark.parametrize("recipe", ["fp16", "int8keepstate"])
+def test_the_shipped_mamba2_1_3b_shape_passes_the_doctor(recipe, tmp_path):
+    """Its normal-form config.json (what the doctor reads of the source stage's output): vocab_size
+    50288 is flagged silent by coreai doctor, and judged not applicable for both its recipes."""
+    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
+    model = cfg["models"]["mamba2-1.3b-shape"]
+    assert recipe in model["recipes"]
+    geom = MAMBA2.geometry_from_shape(model["source"]["shape"], "config.yaml")
+    (tmp_path / "config.json").write_text(json.dumps(MAMBA2.config_json(geom)))
+    record = plan_record(recipe, cfg["recipes"][recipe], geom)
+    status, report = doctor.run_doctor(tmp_path)
+    report["exit_status"] = status
+    assert status == doctor.FAIL_STATUS            # as coreai doctor rates it: silent
+    assert doctor.judge(report, record) < doctor.FAIL_STATUS
+    (found,) = [f for f in report["findings"] if f["id"] == doctor.BLOCK_RULE]
+    assert "vocab_size=50288" in found["evidence"] and found["applies"] is False
+    assert found["not_applicable"].startswith(f"recipe {recipe} quantises ")
+    assert report["doctor_exit_status"] == doctor.FAIL_STATUS
+    # the same checkpoint with a recipe that quantises the head: the finding applies
+    head = plan_record("head", HEAD, geom)
+    status, report = doctor.run_doctor(tmp_path)
+    report["exit_status"] = status
+    assert doctor.judge(report, head) == doctor.FAIL_STATUS
+
+
+@pytest.fixture(scope="module")
+def state_spaces_exports(tmp_path_factory, cfg):
+    """A small Mamba-2 in the state-spaces layout (config.json vocab_size 1030, padded to 1040),
+    normalised by the source stage, exported as fp16 and as HEAD."""
+    pytest.importorskip("coreai_torch")
+    from recurrent_coreai.stages import export
+    from recurrent_coreai.stages.source import build_source
+
+    root = tmp_path_factory.mktemp("padded")
+    synthetic = root / "synthetic"
+    model = {"family": "mamba2", "license": "apache-2.0",
+             "source": {"kind": "synthetic", "seed": 5, "layout": "mamba-ssm", "shape": SHAPE}}
+    build_source("padded", model, cfg["vocab"], synthetic)
+    ckpt = root / "state-spaces"
+    MAMBA2.write_synthetic(MAMBA2.geometry_from_shape(SHAPE, "test"), 5, ckpt, "mamba-ssm")
+    conf = json.loads((ckpt / "config.json").read_text())
+    assert conf["vocab_size"] == 1040
+    conf.update(vocab_size=1030, pad_vocab_size_multiple=16)   # as state-spaces/mamba2-*: 50280 -> 50288
+    (ckpt / "config.json").write_text(json.dumps(conf))
+    shutil.copyfile(synthetic / "tokenizer.json", ckpt / "tokenizer.json")
+    source = root / "source"
+    build_source("padded", {**model, "source": {"kind": "path", "path": str(ckpt)}}, cfg["vocab"], source)
+    assert json.loads((source / "manifest.json").read_text())["geometry"]["vocab"] == 1040   # the table's rows
+    patch = pytest.MonkeyPatch()
+    patch.setattr(export, "DECODE_ONLY_MAX_PARAMS", 0)   # no second, decode-only conversion
+    for recipe, spec in (("fp16", FP16), ("head", HEAD)):
+        export.export_recipe(MAMBA2, source, recipe, spec, f"padded-{recipe}", root / "export" / recipe, chunk=16)
+    patch.undo()
+    return root
+
+
+def test_fp16_of_a_padded_vocab_passes_and_records_the_finding_as_not_applicable(state_spaces_exports):
+    root, out = state_spaces_exports, state_spaces_exports / "fp16.doctor.json"
+    sources = [ROOT / s for s in MAMBA2.doctor_sources()]
+    result = doctor.doctor_bundle(sources, root / "source", root / "export" / "fp16", out)
+    assert result["exit_status"] < doctor.FAIL_STATUS and out.is_file()
+    written = json.loads(out.read_text())
+    (found,) = block_findings(written)
+    # coreai doctor reads the config.json the source stage keeps: the unpadded vocab_size, as state-spaces writes it
+    assert found["severity"] == "silent" and "vocab_size=1030" in found["evidence"]
+    assert found["applies"] is False
+    assert found["not_applicable"] == "recipe fp16 quantises no tensor, so no block size applies to vocab_size=1030"
+    assert written["not_applicable"] == 1 and written["exit_status"] == result["exit_status"]
+    checkpoint = next(r for r in written["reports"] if r["kind"] == "checkpoint")
+    assert checkpoint["doctor_exit_status"] == doctor.FAIL_STATUS and checkpoint["exit_status"] < doctor.FAIL_STATUS
+
+
+def test_a_recipe_quantising_the_padded_head_fails_with_one_line(state_spaces_exports):
+    root, out = state_spaces_exports, state_spaces_exports / "head.doctor.json"
+    sources = [ROOT / s for s in MAMBA2.doctor_sources()]
+    result = doctor.doctor_bundle(sources, root / "source", root / "export" / "head", out)
+    assert result["exit_status"] == doctor.FAIL_STATUS and not out.exists()
+    line = doctor.error_line(result)
+    assert line.startswith(f"error: {root / 'source' / 'config.json'}: coreai doctor {doctor.BLOCK_RULE} (silent): ")
+    assert "not divisible by block size 32: vocab_size=1030" in line and line.count(" -- fix: ") == 1
+    assert "applies" not in block_findings(result)[0]
