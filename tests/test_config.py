@@ -98,7 +98,7 @@ def test_schema_errors_name_the_field(raw, mutate, needle):
     (lambda c: c["gate"]["thresholds"].pop("fp16"), "has no gate threshold"),
     (lambda c: c["models"]["rwkv7-tiny"].__setitem__("shipped", "int8"), "shipped 'int8' is not one of its recipes"),
     (lambda c: c["models"]["rwkv7-tiny"].__setitem__("gate", {"why": "measured: see the README's gate section",
-                                                              "thresholds": {"int8": {"min_agree": 0.9,
+                                                              "thresholds": {"int8": {"min_agree": 0.9, "min_counted": 0.8,
                                                                                       "prefill_max_abs_dstate": 0.3}}}),
      "gate/thresholds/int8: the model does not build 'int8'"),
 ])
@@ -226,7 +226,7 @@ def test_snakemake_accepts_another_config_file_and_build_override(repo_root, raw
 def test_a_models_own_gate_thresholds_replace_the_global_ones_for_that_model_only(raw):
     """models/<model>/gate: the gate of that model and recipe gets those thresholds and the why;
     every other model and recipe keeps gate/thresholds; the key is one of the gate stage's params."""
-    own = {"min_agree": 0.95, "max_abs_dlogits": None, "prefill_max_abs_dstate": 0.3}
+    own = {"min_agree": 0.95, "min_counted": 0.8, "max_abs_dlogits": None, "prefill_max_abs_dstate": 0.3}
     raw["models"]["rwkv7-tiny"]["gate"] = {"thresholds": {"int8keepproj": own}, "why": "random weights: see README"}
     cfg = config.validate(copy.deepcopy(raw), "config.yaml")
 
@@ -249,7 +249,8 @@ def test_a_models_own_gate_thresholds_replace_the_global_ones_for_that_model_onl
 
 
 def test_a_models_gate_thresholds_need_a_why(raw):
-    raw["models"]["rwkv7-tiny"]["gate"] = {"thresholds": {"fp16": {"min_agree": 0.9, "prefill_max_abs_dstate": 0.3}}}
+    raw["models"]["rwkv7-tiny"]["gate"] = {"thresholds": {"fp16": {"min_agree": 0.9, "min_counted": 0.8,
+                                                                     "prefill_max_abs_dstate": 0.3}}}
     with pytest.raises(PipelineError, match="why"):
         config.validate(copy.deepcopy(raw), "config.yaml")
 

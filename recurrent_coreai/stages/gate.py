@@ -6,7 +6,8 @@
 2. :func:`run_gate` (per recipe): the SAME fixed token stream is fed to the Core AI runtime
    through the decode function; per step we compare the argmax and max|Δlogits|. A step where
    the reference's top-2 margin is below ``near_tie_epsilon`` is a near-tie: the engine may pick
-   either of the two.
+   either of the two; too few steps outside near-ties (``min_counted``) fails the gate, and an
+   epsilon too large for the reference's logit scale is refused before anything runs.
 3. The prefill check (:func:`prefill_check`): the reference's continuous prefill stream goes
    through the bundle's prefill function in full chunks and its tail through decode, on the
    same states; each chunk's last-position logits and every tail step are compared the same way,
@@ -74,14 +75,25 @@ def contract_problems(export_record: dict) -> list[str]:
 
 
 def verdict(rows: list[dict], thresholds: dict) -> dict:
+    """The verdict on compared steps (decode rows or the prefill check's): a pure function of
+    the rows and the recipe's thresholds, so that it can be recomputed from the gate's TSV.
+    Top-1 agreement is judged on the counted steps (not near-ties) only, so too few of them is a
+    failure: fewer than ``min_counted`` of all steps, or none at all, whatever the minimum."""
     counted = [r for r in rows if not r["near_tie"]]
     ties = [r for r in rows if r["near_tie"]]
     agree = sum(r["agree"] for r in counted)
     tie_ok = sum(r["engine_top1"] in (r["ref_top1"], r["ref_top2"]) for r in ties)
-    agree_rate = agree / len(counted) if counted else 1.0
+    agree_rate = agree / len(counted) if counted else 0.0  # nothing counted: no agreement was shown
     max_abs = max(r["max_abs_dlogits"] for r in rows)
     reasons = []
-    if agree_rate < thresholds["min_agree"]:
+    min_counted = thresholds["min_counted"]
+    if not counted:
+        reasons.append(f"0/{len(rows)} steps counted: every step is a near-tie (reference top-2 margin below "
+                       "near_tie_epsilon), so no top-1 pick was compared")
+    elif len(counted) < min_counted * len(rows):
+        reasons.append(f"only {len(counted)}/{len(rows)} steps counted outside near-ties, fewer than min_counted "
+                       f"{min_counted:g} of them (near_tie_epsilon too large for this reference?)")
+    if counted and agree_rate < thresholds["min_agree"]:
         reasons.append(f"top-1 agreement {agree}/{len(counted)} outside near-ties is below {thresholds['min_agree']}")
     if thresholds["min_agree"] >= 1.0 and tie_ok < len(ties):
         reasons.append(f"{len(ties) - tie_ok} near-tie step(s) picked neither of the reference's top 2")
@@ -95,6 +107,32 @@ def verdict(rows: list[dict], thresholds: dict) -> dict:
         "max_abs_dlogits": max_abs, "mean_kl": float(np.mean([r["kl"] for r in rows])),
         "pass": not reasons, "reasons": reasons,
     }
+
+
+# near_tie_epsilon may be at most this share of the reference's logit scale: the median over its
+# decode steps of (largest - smallest logit). The default models' scale is 37.6 (mamba2-tiny) to
+# 59.2 (rwkv7-tiny), so their limit is 0.75..1.18 against the default 0.1 (docs/gate.md).
+MAX_EPSILON_SHARE = 0.02
+
+
+def logit_scale(stream: dict) -> float:
+    """The reference's logit scale: the median over its decode steps of max - min logit."""
+    logits = stream["logits"]
+    return float(np.median(logits.max(axis=1).astype(np.float64) - logits.min(axis=1)))
+
+
+def check_epsilon(epsilon: float, stream: dict, stream_path: Path, config_file: str | Path) -> float:
+    """``near_tie_epsilon`` is small against this reference's logit scale (at most
+    MAX_EPSILON_SHARE of it); a larger one would make most steps near-ties, whose top-1 pick
+    the gate does not check. Returns the scale."""
+    scale = logit_scale(stream)
+    if not epsilon <= MAX_EPSILON_SHARE * scale:
+        raise PipelineError(config_file, f"gate/near_tie_epsilon {epsilon:g} is more than {MAX_EPSILON_SHARE:g} of the "
+                            f"logit scale of {stream_path} (median max-min logit {scale:.3g}: at most "
+                            f"{MAX_EPSILON_SHARE * scale:.3g}); near-ties are not checked for top-1",
+                            f"set gate/near_tie_epsilon to at most {MAX_EPSILON_SHARE * scale:.3g} (the shipped "
+                            "config.yaml has 0.1)")
+    return scale
 
 
 def decode_rows(sess, stream: dict, eps: float, start: int = 0, stop: int | None = None) -> list[dict]:
@@ -324,7 +362,7 @@ def write_report(result: dict, rows: list[dict], json_path: Path, tsv_path: Path
 
 
 def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream_path: Path, settings: dict,
-                json_path: Path, tsv_path: Path, workers: int = 1) -> dict:
+                json_path: Path, tsv_path: Path, workers: int = 1, config_file: str | Path = "config.yaml") -> dict:
     """Gate one recipe's bundle. The result records the sha256 of every file it tested (the
     ``.aimodel`` and the lowering it ran): publish ships those bytes and no others."""
     # export.json as the export stage sealed it; the bundle's bytes are what the gate tests and
@@ -341,10 +379,11 @@ def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
     # none: the gate records its sha256, and publish requires the digest)
     stream = read_stream(stream_path, required=False)
     check_stream(stream, stream_path, record)
+    scale = check_epsilon(settings["near_tie_epsilon"], stream, stream_path, config_file)
     reference_steps = len(stream["tokens"])
     stream = gate_steps(stream, len(settings["prompts"]), settings["steps"], stream_path)
     result, rows = run_gate(aimodelx, record, stream, settings, workers=workers)
-    result["reference_steps"] = reference_steps
+    result.update(reference_steps=reference_steps, reference_logit_scale=scale)
     result.update({"model": model, "recipe": recipe, "bundle": record["bundle"], "bundle_sha256": bundle_digest(tested),
                    "lowered": aimodelx.name, "tested_files": {"aimodel": tested, "lowered": lowering["files"]},
                    "reference_sha256": sha256_file(stream_path),
@@ -387,7 +426,8 @@ def main(argv=None) -> int:
     remove_stale_report(Path(ns.json))
     t0 = time.perf_counter()
     res = gate_bundle(ns.model, ns.recipe, Path(ns.export), Path(ns.aot), Path(ns.reference),
-                      gate_settings(s, ns.recipe), Path(ns.json), Path(ns.tsv), workers=workers_granted())
+                      gate_settings(s, ns.recipe), Path(ns.json), Path(ns.tsv), workers=workers_granted(),
+                      config_file=ns.config_file)
     seconds = time.perf_counter() - t0
     pre = res["prefill"]
     stage.log.info("gate %s/%s PASS: %d/%d top-1 outside %d near-ties, max|dlogits| %.3g, mean KL %.3g; prefill "
