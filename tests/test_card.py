@@ -600,25 +600,31 @@ def test_pass_criteria_come_from_the_gate_results_and_a_models_own_thresholds_sa
     base = model_dir(work)
     why = "random weights put 3 reference margins inside int8's own error (README: int8keepproj at 1.5B)"
     edit_json(base / "gate" / "int8keepproj.json", near_tie_epsilon=0.1, thresholds_why=why,
-              thresholds={"min_agree": 0.95, "max_abs_dlogits": None, "prefill_max_abs_dstate": 0.3})
-    edit_json(base / "gate" / "fp32.json", thresholds={"min_agree": 1.0, "max_abs_dlogits": 0.001,
-                                                       "prefill_max_abs_dstate": 0.0001})
+              thresholds={"min_agree": 0.95, "min_counted": 0.75, "max_abs_dlogits": None,
+                          "prefill_max_abs_dstate": 0.3})
+    g = edit_json(base / "gate" / "fp32.json", thresholds={"min_agree": 1.0, "min_counted": 0.8, "max_abs_dlogits": 0.001,
+                                                           "prefill_max_abs_dstate": 0.0001}, counted=120, near_ties=7)
+    counted = f"(counted 120 / {g['steps']}, prefill {g['prefill']['counted']} / {g['prefill']['steps']})"
     text = block(render_card(work, capsys=capsys), "recipes")
     lines = {line.split("`")[1]: line for line in text.splitlines() if line.startswith("- `")}
-    assert lines["int8keepproj"].startswith("- `int8keepproj`: top-1 agreement outside near-ties ≥ 0.95, "
-                                            "prefill max abs Δstate ≤ 0.3, near-tie epsilon 0.1.")
+    assert lines["int8keepproj"].startswith("- `int8keepproj`: top-1 agreement outside near-ties ≥ 0.95 on at least "
+                                            "0.75 of the steps (counted ")
+    assert ", prefill max abs Δstate ≤ 0.3, near-tie epsilon 0.1." in lines["int8keepproj"]
     assert lines["int8keepproj"].endswith(f"**This model sets its own thresholds for `int8keepproj`**: {why}")
-    assert lines["fp32"] == ("- `fp32`: top-1 agreement outside near-ties ≥ 1.0, max abs Δlogits ≤ 0.001, "
-                             "prefill max abs Δstate ≤ 0.0001, near-tie epsilon 0.1")
+    assert lines["fp32"] == (f"- `fp32`: top-1 agreement outside near-ties ≥ 1.0 on at least 0.8 of the steps {counted}, "
+                             "max abs Δlogits ≤ 0.001, prefill max abs Δstate ≤ 0.0001, near-tie epsilon 0.1")
     assert "own thresholds" not in lines["fp16"]
 
 
 def test_thresholds_without_the_optional_max_abs_dlogits_render(work, capsys):
     """The schema makes max_abs_dlogits optional: a gate result without it is a card without that bound."""
-    edit_json(model_dir(work) / "gate" / "fp16.json", thresholds={"min_agree": 1.0, "prefill_max_abs_dstate": 0.1})
+    g = edit_json(model_dir(work) / "gate" / "fp16.json", thresholds={"min_agree": 1.0, "min_counted": 0.8,
+                                                                      "prefill_max_abs_dstate": 0.1})
     text = block(render_card(work, capsys=capsys), "recipes")
     line = next(x for x in text.splitlines() if x.startswith("- `fp16`"))
-    assert line == "- `fp16`: top-1 agreement outside near-ties ≥ 1.0, prefill max abs Δstate ≤ 0.1, near-tie epsilon 0.1"
+    assert line == (f"- `fp16`: top-1 agreement outside near-ties ≥ 1.0 on at least 0.8 of the steps (counted "
+                    f"{g['counted']} / {g['steps']}, prefill {g['prefill']['counted']} / {g['prefill']['steps']}), "
+                    "prefill max abs Δstate ≤ 0.1, near-tie epsilon 0.1")
 
 
 def test_a_recipe_gated_at_fewer_steps_says_so_with_the_models_reason(work, capsys):
