@@ -88,12 +88,15 @@ def _run(cmd: list[str]) -> str:
 
 
 def platform_record() -> dict:
-    """The OS this runs on; the macOS build and ``xcrun coreai-build --version`` only on macOS."""
+    """The OS this runs on; the macOS release, build and ``xcrun coreai-build --version`` only on
+    macOS, where the device compiler shapes the bundle. Elsewhere the kernel release is left out:
+    it shapes no byte (the universal lowering is coreai-core's own code) and differs from host to
+    host, so two hosts building the same bytes would publish different statements (and dvc.lock)."""
     system = platform.system()
     on_mac = system == "Darwin"
     return {
         "system": system,
-        "release": platform.release(),
+        "release": platform.release() if on_mac else ABSENT,
         "machine": platform.machine(),
         "macos_version": (platform.mac_ver()[0] or ABSENT) if on_mac else ABSENT,
         "macos_build": _run(["sw_vers", "-buildVersion"]) if on_mac else ABSENT,
