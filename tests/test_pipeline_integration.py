@@ -51,8 +51,8 @@ def test_dvc_status_is_clean_after_snakemake(smk_repo):
     assert run("git status --porcelain dvc.yaml", repo).stdout == "", "the run must not rewrite dvc.yaml"
 
 
-def _planned_rules(repo) -> set[str]:
-    out = run("snakemake -n --cores 1 publish", repo).stdout
+def _planned_rules(repo, extra: str = "") -> set[str]:
+    out = run(f"snakemake -n --cores 1 publish {extra}", repo).stdout
     return {line.split()[-1].rstrip(":") for line in out.splitlines() if line.startswith(("rule ", "localrule "))}
 
 
@@ -145,16 +145,21 @@ def test_a_run_with_another_config_is_not_recorded_as_config_yaml(smk_repo, tmp_
     repo, _ = smk_repo
     cfg = yaml.safe_load((repo / "config.yaml").read_text())
     cfg["models"]["rwkv7-tiny"]["description"] = "Built from another config."
-    cfg["build"] = ["rwkv7-tiny"]  # another config file reruns every job it builds: this one model is enough
+    cfg["build"] = ["rwkv7-tiny"]
     other = tmp_path / "other.yaml"
     other.write_text(yaml.safe_dump(cfg, allow_unicode=True))
+    # the description shapes the card and what follows it, nothing else: the path of the effective
+    # config file is no param (a run with it once made the next plain run rebuild all jobs)
+    card_and_after = {"card", "report", "stage_and_push", "publish"}
+    assert _planned_rules(repo, f"--configfile {other}") == card_and_after
     proc = run(f"snakemake --cores 1 publish --configfile {other}", repo)
     assert "DVC: not recorded: this run's config differs from config.yaml at models.rwkv7-tiny.description" \
         in proc.stderr, proc.stderr[-2000:]
     card = (repo / "results/rwkv7-tiny/card/README.md").read_text()
     assert "Built from another config." in card
     assert "card-rwkv7-tiny" in _dvc_changed(repo), "dvc.lock still describes config.yaml's card"
-    run("snakemake --cores 1 publish", repo)  # config.yaml's settings again: rebuilt and recorded
+    assert _planned_rules(repo) == card_and_after  # config.yaml's settings again: the card and after only
+    run("snakemake --cores 1 publish", repo)  # rebuilt and recorded
     assert "Data and pipelines are up to date" in _dvc_changed(repo)
 
 
