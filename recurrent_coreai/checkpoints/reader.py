@@ -119,7 +119,8 @@ def check_zip(f: Path) -> None:
             bad = z.testzip()
     except ZIP_ERRORS as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise PipelineError(f, f"cannot read its zip container ({type(exc).__name__}: {first})", fix) from None
+        raise PipelineError(f, f"cannot read its zip container ({type(exc).__name__}: {first})",
+                            "re-download the file: it is truncated (an interrupted download?) or corrupted") from None
     if bad is not None:
         names = _tensors_stored_in(f, bad) if "/data/" in f"/{bad}" else []
         what = ("the pickle of tensor names and shapes" if bad.endswith("data.pkl") else
