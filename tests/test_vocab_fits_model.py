@@ -93,7 +93,8 @@ def test_a_head_smaller_than_the_tokenizer_is_one_line(tmp_path, cfg, family_nam
     embedding (so the fit check never sees one), naming the tensor and both shapes."""
     src = checkpoint(tmp_path, family_name, rows, head_rows=head_rows)
     line = refused(tmp_path, family_name, src, cfg["vocab"])
-    assert head in line and str(head_rows) in line and str(rows) in line
+    hidden = SHAPES[family_name]["hidden"]
+    assert f"model.safetensors: tensor {head} has shape [{head_rows}, {hidden}], expected [{rows}, {hidden}] -- fix: " in line
 
 
 # --- padding rows: accepted, and stated on the card --------------------------------------------------
