@@ -12,6 +12,7 @@ from recurrent_coreai.pipeline import resources as sizing  # cluster resources f
 from recurrent_coreai.util import fsutil
 from recurrent_coreai.util.errors import exit_on_error
 from recurrent_coreai.pipeline.paths import STATE_DIR, Layout, card_inputs, publish_inputs
+from recurrent_coreai.stages.card import curated_card as curated_path
 
 RUN_START = time.time()  # outputs newer than this were built by this run (see scripts/dvc_record.py)
 # Snakemake merged config.yaml, every --configfile and --config into `config`; the stages read
@@ -68,8 +69,8 @@ def stage_inputs(inputs_of, w):
 
 def curated_card(w):
     """A maintainer-curated card to merge into, when there is one (an input, so edits rerun the card)."""
-    path = f"cards/{w.model}.md"
-    return [path] if os.path.exists(path) else []
+    path = curated_path(w.model)
+    return [str(path)] if path else []
 
 
 onsuccess:

@@ -74,10 +74,23 @@ def publish_args(results: Path, recipes=RECIPES) -> list[str]:
 
 
 def write_config(path: Path, **model_changes) -> Path:
-    cfg = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
+    """The built tree's config (its gate settings are the ones its gates ran: publish recomputes each
+    verdict with the config's, stages/derivation.py) with ``model_changes``."""
+    cfg = yaml.safe_load((RESULTS.parent / "config.yaml").read_text())
     cfg["models"][MODEL].update(model_changes)
     path.write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
     return path
+
+
+def render_card(results: Path, config: Path, recipes: list[str]) -> None:
+    """The card as the card stage renders it for ``config`` (publish renders it again and compares)."""
+    from recurrent_coreai.pipeline import config as cfgmod
+
+    settings = cfgmod.settings(cfgmod.load(config), "card", model=MODEL)
+    lay = results / MODEL
+    text = c.card_text(MODEL, settings, lay / "source", lay / "vocab", results / "toolchain.json",
+                       [lay / "export" / r for r in recipes], [lay / "gate" / f"{r}.json" for r in recipes], None, None)
+    replace_file(lay / "card" / "README.md", text)
 
 
 def replace_file(path: Path, text: str) -> None:
@@ -475,6 +488,7 @@ def test_an_unreadable_remote_card_is_a_one_line_error_and_nothing_is_pushed(tmp
     results = copy_results(tmp_path / "results", recipes=["int8keepproj"])
     config = write_config(tmp_path / "config.yaml", recipes=["int8keepproj"],
                           publish={"repo": HUB_REPO, "push": True})
+    render_card(results, config, ["int8keepproj"])  # the card rule reruns for the new recipes
     with HubServer() as hub:
         head = hub.add_repo(HUB_REPO, {"README.md": "maintainer card\n"})
         hub.fail("GET", "*/resolve/*", 500, times=50)

@@ -315,7 +315,10 @@ STAGE_KEYS: dict[str, list[tuple[str, ...]]] = {
     "gate": [("gate", "prompts"), ("gate", "steps"), ("gate", "near_tie_epsilon"), ("gate", "thresholds", "{recipe}"),
              ("models", "{model}", "gate")],
     "card": [("models", "{model}"), ("recipes",), ("targets",)],
-    "stage_and_push": [("models", "{model}", k) for k in ("family", "publish", "recipes", "targets", "dir", "shipped")],
+    # publish renders the card again and recomputes each gate verdict from its TSV (stages/derivation.py):
+    # the card's settings and the gate's, every recipe's thresholds
+    "stage_and_push": [("models", "{model}"), ("recipes",), ("targets",), ("gate", "prompts"), ("gate", "steps"),
+                       ("gate", "near_tie_epsilon"), ("gate", "thresholds")],
     "doctor": [("models", "{model}", "family")],
     "report": [],
 }

@@ -16,6 +16,7 @@ import fcntl
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -44,16 +45,19 @@ def executed_stages(stages: dict, since: float) -> list[str]:
             if stage_outs(st) and all(built_since(p, since) for p in stage_outs(st))]
 
 
-def unverified(stages: dict, names: list[str]) -> dict[str, PipelineError]:
-    """The first output of each stage in ``names`` whose bytes differ from its stage's record."""
+def unverified(stages: dict, names: list[str], derived: Callable[[dict], None] | None = None) -> dict[str, PipelineError]:
+    """The first output of each stage in ``names`` whose bytes differ from its stage's record; then
+    (``derived``, given by scripts/dvc_record.py: stages.derivation.check_stage, a layer above this
+    one) the stage's derived records against the inputs its command names."""
     bad = {}
     for name in names:
-        for out in stage_outs(stages[name]):
-            try:
+        try:
+            for out in stage_outs(stages[name]):
                 verify_output(out)
-            except PipelineError as exc:
-                bad[name] = exc
-                break
+            if derived is not None:
+                derived(stages[name])
+        except PipelineError as exc:
+            bad[name] = exc
     return bad
 
 
@@ -81,7 +85,8 @@ def dvc_commit(names: list[str], every: bool = False) -> subprocess.CompletedPro
         return subprocess.run(["dvc", "commit", "-f", "-q", *targets], capture_output=True, text=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, derived: Callable[[dict], None] | None = None) -> int:
+    """``derived``: see :func:`unverified`."""
     from recurrent_coreai.pipeline.dag import render, snakemake_jobs
 
     ap = argparse.ArgumentParser(prog="scripts/dvc_record.py")
@@ -111,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         _say("dvc.yaml regenerated from the Snakefile's DAG (commit it)")
     stages = yaml.safe_load(text)["stages"]
     names = executed_stages(stages, ns.since)
-    refused = unverified(stages, names)
+    refused = unverified(stages, names, derived)
     for name, exc in refused.items():
         _say(f"error: {exc} (DVC: stage {name} not recorded)")
     names = [n for n in names if n not in refused]

@@ -20,6 +20,11 @@ every consumer checks the bytes it reads against it before using them (:func:`ve
   (:func:`stream_digest`).
 * The card and the build report end in one seal line: an HTML comment with the sha256 of the text
   above it (:func:`seal_lines`; :func:`seal_card`/:func:`read_card`, :func:`seal_report`/:func:`read_report`).
+
+A seal is a digest anyone can recompute, not a signature: it says a record is what its stage
+wrote unless someone edited it and sealed it again. So publish and DVC's recording also check each
+derived record against what it is derived from (stages/derivation.py; docs/provenance.md says what
+that still leaves open).
 """
 
 from __future__ import annotations
@@ -66,21 +71,48 @@ def _digest(text: str | bytes) -> str:
     return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
 
 
+def _mac(key: bytes, text: str, stage: str) -> str:
+    """HMAC-SHA256 of a record's canonical body and its stage under the records' key."""
+    import hmac
+
+    return hmac.new(key, f"{stage}\0{text}".encode(), hashlib.sha256).hexdigest()
+
+
 def sealed_text(record: dict, stage: str) -> str:
-    """The canonical text of ``record`` with its seal: what a stage writes as its JSON record."""
+    """The canonical text of ``record`` with its seal: what a stage writes as its JSON record. With
+    a key in RECURRENT_COREAI_RECORD_KEY (util/env.py) the seal also holds an HMAC of it: a
+    record edited and sealed again by someone without the key is refused (docs/provenance.md)."""
+    from recurrent_coreai.util.env import record_key
+
     body = {k: v for k, v in record.items() if k != SEAL}
-    return dumps_json({**body, SEAL: {"stage": stage, "sha256": _digest(dumps_json(body))}})
+    text = dumps_json(body)
+    seal = {"stage": stage, "sha256": _digest(text)}
+    key = record_key()
+    if key:
+        seal["hmac"] = _mac(key, text, stage)
+    return dumps_json({**body, SEAL: seal})
 
 
 def seal_problem(data: bytes, record: object) -> str | None:
-    """Why ``data`` (parsed: ``record``) is not a record its stage sealed, or None when it is."""
+    """Why ``data`` (parsed: ``record``) is not a record its stage sealed, or None when it is (with
+    the records' key set: sealed under that key)."""
+    import hmac
+
+    from recurrent_coreai.util.env import RECORD_KEY_VAR, record_key
+
     if not isinstance(record, dict) or not isinstance(record.get(SEAL), dict):
         return ": it carries no digest from its stage (written before the integrity chain, or edited)"
     body = {k: v for k, v in record.items() if k != SEAL}
-    if record[SEAL].get("sha256") != _digest(dumps_json(body)):
+    text = dumps_json(body)
+    if record[SEAL].get("sha256") != _digest(text):
         return ""
     if data != dumps_json(record).encode():
         return " (its bytes were rewritten)"
+    key = record_key()
+    if key and not hmac.compare_digest(str(record[SEAL].get("hmac", "")),
+                                       _mac(key, text, str(record[SEAL].get("stage", "")))):
+        return (f": its MAC is not one made with {RECORD_KEY_VAR} (sealed without that key, with another one, "
+                "or forged)")
     return None
 
 
@@ -111,13 +143,16 @@ def write_sealed(path: str | Path, record: dict, stage: str) -> None:
 
 def verify_files(root: Path, expected: dict[str, dict], stage: str, rule: str | None = None,
                  skip: tuple[str, ...] = ()) -> None:
-    """Every file below ``root`` (but ``skip`` and bookkeeping) is exactly ``expected``."""
+    """Every file below ``root`` (but ``skip`` and bookkeeping) is exactly ``expected``, the
+    ``files`` of the record ``root/skip[0]`` (named in the error beside the file: either one
+    may be what changed)."""
     on_disk = {rel: v for rel, v in tree_manifest(root).items() if rel not in skip}
     bad = first_difference(on_disk, expected)
     if bad:
         detail = (" (it is missing)" if bad not in on_disk else
                   " (the stage wrote no such file)" if bad not in expected else "")
-        raise changed(Path(root) / bad, stage, rule, detail)
+        where = f" in {Path(root) / skip[0]}" if skip else ""
+        raise changed(Path(root) / bad, stage, rule, where + detail)
 
 
 def stream_digest(arrays: dict) -> str:

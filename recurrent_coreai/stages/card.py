@@ -26,6 +26,7 @@ from recurrent_coreai.pipeline.records import (EXPORT, by_recipe, read_manifest,
 
 BLOCK = re.compile(r"<!-- (?P<name>[\w-]+) begin -->\r?\n(?P<body>.*?)<!-- (?P=name) end -->", re.S)
 TAGS = ("coreai", "no-kv-cache", "text-generation")  # beside the family's own tags
+CURATED = "cards/{model}.md"  # a maintainer's card to merge into, relative to the repo root (rules/common.smk)
 TARGET_SUFFIX = {"linux": (".aimodelx", "Linux lowering for the Core AI runtime")}
 
 
@@ -99,6 +100,18 @@ def vocab_fit(family, geom, n_ids: int) -> str:
     return fit.describe(min(family.vocab_rows(geom).values()), n_ids)  # the normal form: the same rows in each
 
 
+def larger_than_fp16(name: str, model_recipes: list[str], recipes: dict, exports: dict[str, dict]) -> str | None:
+    """Both sizes when recipe ``name`` quantises and its bundle is larger than the model's plain
+    fp16 bundle (a float16 recipe of the model that quantises nothing; e.g. a tied head that a raw
+    include quantises adds an int8 copy beside the fp16 table); else None (also without such a recipe)."""
+    fp16 = next((exports[r]["size_bytes"] for r in model_recipes if r in exports
+                 and not recipes[r].get("quantize") and recipes[r].get("dtype") == "float16"), None)
+    size = exports[name]["size_bytes"]
+    if not recipes[name].get("quantize") or fp16 is None or size <= fp16:
+        return None
+    return f"{size:,} bytes against {fp16:,}"
+
+
 def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dict], gates: dict[str, dict],
             source_dir: Path, toolchain: dict, vocab_dir: Path, date: str | None) -> dict:
     """Everything the template shows; ``cfg`` holds at least the card stage's settings."""
@@ -120,6 +133,7 @@ def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dic
             "quantized_groups": group_layers(exp["quantized"]), "kept_groups": group_layers(exp["kept"]),
             "bits": f"int{q['bits']}" if q else None, "block": q["block_size"] if q else None,
             "why": cfg["recipes"][name].get("why"),  # the recipe's measured reason (config), if it states one
+            "larger_than_fp16": larger_than_fp16(name, mcfg["recipes"], cfg["recipes"], exports),
         })
     targets = []
     for t in mcfg["targets"]:
@@ -174,13 +188,27 @@ def main(argv=None) -> int:
     ns = stage.parser("card", "model", "source", "vocab", "toolchain", "out", lists=("exports", "gates"),
                       optional_lists=("curated",)).parse_args(argv)
     s, cfg = stage.setup("card", ns)
+    curated = ns.curated[0] if ns.curated else None
+    text = card_text(ns.model, s, Path(ns.source), Path(ns.vocab), Path(ns.toolchain), ns.exports, ns.gates, curated,
+                     build_date())
+    write_text_atomic(ns.out, text)  # sealed: its last line, its digest
+    stage.log.info("card %s -> %s%s", ns.model, ns.out, f" (merged into {curated})" if curated else "")
+
+
+def curated_card(model: str) -> Path | None:
+    """The maintainer's card of ``model`` (:data:`CURATED`) when there is one."""
+    path = Path(CURATED.format(model=model))
+    return path if path.is_file() else None
+
+
+def card_text(model: str, settings: dict, source: Path, vocab: Path, toolchain: Path, exports: list[Path],
+              gates: list[Path], curated: Path | None, date: str | None) -> str:
+    """The card, sealed, from its inputs (each checked against its stage's record first): what the
+    card stage writes, and what stages/derivation.py renders again to check a card."""
     # every input checked against the record of the stage that wrote it (pipeline/records.py)
-    read_vocab(Path(ns.vocab))
+    read_vocab(vocab)
     # the manifest as the source stage sealed it (the card reads its digests, not the weights)
-    ctx = context(ns.model, s, read_manifest(Path(ns.source), files=False), by_recipe(ns.exports, EXPORT, files=False),
-                  by_recipe(ns.gates),
-                  Path(ns.source), read_toolchain(Path(ns.toolchain))["versions"], Path(ns.vocab),
-                  build_date())
-    existing = ns.curated[0].read_text(encoding="utf-8") if ns.curated else None
-    write_text_atomic(ns.out, seal_card(merge(existing, render(ctx))))  # sealed: its last line, its digest
-    stage.log.info("card %s -> %s%s", ns.model, ns.out, f" (merged into {ns.curated[0]})" if existing else "")
+    ctx = context(model, settings, read_manifest(source, files=False), by_recipe(exports, EXPORT, files=False),
+                  by_recipe(gates), source, read_toolchain(toolchain)["versions"], vocab, date)
+    existing = Path(curated).read_text(encoding="utf-8") if curated else None
+    return seal_card(merge(existing, render(ctx)))

@@ -19,12 +19,14 @@ import hashlib
 import os
 import shutil
 from pathlib import Path
+from typing import Callable
 
 from recurrent_coreai.hub import catalog
 from recurrent_coreai.pipeline import stage
+from recurrent_coreai.stages import derivation
 from recurrent_coreai.util import env
 from recurrent_coreai.util.errors import PipelineError, main_guard
-from recurrent_coreai.util.fsutil import IGNORED, atomic_path, first_difference, sha256_file, tree_manifest
+from recurrent_coreai.util.fsutil import IGNORED, atomic_path, dumps_json, first_difference, sha256_file, tree_manifest
 from recurrent_coreai.pipeline.paths import published_folders
 from recurrent_coreai.pipeline.records import (AOT, RECEIPT, read_aot, read_card, read_doctor, read_export, read_gate,
                                               read_manifest, read_stream, read_toolchain, read_vocab, sealed_text,
@@ -144,18 +146,21 @@ def _recorded(records: dict[str, dict], results: dict[str, dict], card_text: str
         expected |= {f"{prefix}{rel}": v for rel, v in files.items()}
     for recipe, rec in records.items():
         folder = f"aimodel/{bundle_of(rec)}"
-        expected[f"{folder}/export.json"] = _sha(sealed_text(rec, "export"))
-        expected[f"{folder}/gate.json"] = _sha(sealed_text(results[recipe], "gate"))
+        expected[f"{folder}/export.json"] = _sha(dumps_json(rec))  # a checked record is its canonical text
+        expected[f"{folder}/gate.json"] = _sha(dumps_json(results[recipe]))
     return expected
 
 
 def stage_tree(out: Path, card: Path, vocab: Path, exports: list[Path], aots: list[Path], gates: list[Path],
-               meta: dict, source_manifest: dict, folders_expected: list[str], tsvs: bool = False) -> dict:
+               meta: dict, source_manifest: dict, folders_expected: list[str], tsvs: bool = False,
+               check: Callable[[], None] | None = None) -> dict:
     """Build the staging tree atomically; returns the receipt (without push results).
 
     Every staged bundle file must be a byte the gate tested (or, for a device target, built from
-    exactly the tested bundle): a bundle changed after its gate is refused, never shipped. Only
-    then does each bundle folder get its provenance statement and, with a key, its signature."""
+    exactly the tested bundle): a bundle changed after its gate is refused, never shipped. ``check``
+    (main: stages/derivation.py) refuses a derived record that disagrees with what it is derived
+    from. Only then does each bundle folder get its provenance statement and, with a key, its
+    signature."""
     from recurrent_coreai.hub import provenance
     from recurrent_coreai.hub import signing
     from recurrent_coreai.pipeline import fingerprint
@@ -167,20 +172,22 @@ def stage_tree(out: Path, card: Path, vocab: Path, exports: list[Path], aots: li
         (tmp / "README.md").write_text(card_text, encoding="utf-8", newline="\n")
         records, checks = _stage_exports(tmp, exports, results, dict(zip(results, gates)))
         folders, aot_checks = _stage_aots(tmp, aots, vocab, results, records)
+        folders |= {f"aimodel/{bundle_of(rec)}": r for r, rec in records.items()}
+        if sorted(folders) != folders_expected:
+            raise PipelineError(out, f"would stage the bundle folders {sorted(folders)}, but the config names "
+                                f"{folders_expected} (dir, shipped, recipes, targets)",
+                                "rebuild the bundles under the configured names: snakemake --forcerun export")
+        if check is not None:
+            check()
         staged = tree_manifest(tmp)
-        for check in checks + aot_checks:
-            _verify(staged, *check)
+        for bundle_check in checks + aot_checks:
+            _verify(staged, *bundle_check)
         # every staged file, the bundles' and the records', is the bytes its stage recorded
         recorded = _recorded(records, results, card_text, checks + aot_checks)
         bad = first_difference(staged, recorded)
         if bad:
             raise PipelineError(out / bad, "changed while it was staged (it differs from what its stage recorded)",
                                 "stage again: snakemake --cores 1 publish --forcerun stage_and_push")
-        folders |= {f"aimodel/{bundle_of(rec)}": r for r, rec in records.items()}
-        if sorted(folders) != folders_expected:
-            raise PipelineError(out, f"would stage the bundle folders {sorted(folders)}, but the config names "
-                                f"{folders_expected} (dir, shipped, recipes, targets)",
-                                "rebuild the bundles under the configured names: snakemake --forcerun export")
         targets = sorted({rel.split("/")[0] for rel in folders} - {"aimodel"})
         code = fingerprint.attested(meta["family"])
         attested = {rel: provenance.attest(tmp, rel, export_record=records[r], gate=results[r],
@@ -306,8 +313,15 @@ def main(argv=None) -> int:
     meta = {"model": ns.model, "family": m["family"], "repo": m["publish"]["repo"], "source": manifest["source"],
             "tokenizer_files": sorted(read_vocab(Path(ns.vocab))),
             "toolchain": versions, "commit_message": message, "push": {"pushed": False, "reason": why}}
+    # every derived record it stages, against what it is derived from (a record edited and sealed
+    # again is sealed, but not what its inputs give): one line naming both files, nothing staged
+    def derived() -> None:
+        derivation.check_publish_inputs(ns.model, s, Path(ns.source), Path(ns.card), Path(ns.vocab),
+                                        Path(ns.toolchain), ns.exports, ns.gates, ns.aots,
+                                        ns.reference[0] if ns.reference else None)
+
     receipt = stage_tree(Path(ns.out), Path(ns.card), Path(ns.vocab), ns.exports, ns.aots, ns.gates, meta, manifest,
-                         published_folders(m, m["targets"]), tsvs=bool(ns.tsvs))
+                         published_folders(m, m["targets"]), tsvs=bool(ns.tsvs), check=derived)
     stage.log.info("%s: %s", ns.model, receipt["signing"]["reason"])
     if do_push:
         receipt = push(Path(ns.out), receipt, m["publish"]["repo"], message, token_from_env())

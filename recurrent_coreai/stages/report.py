@@ -225,10 +225,17 @@ def render(model: str, recipes: list[Recipe], card: Path) -> str:
                                              prompts=first.get("prompts", []))
 
 
+def report_text(model: str, inputs: dict) -> tuple[str, list[Recipe]]:
+    """The page, sealed, from its inputs (each checked against its stage's record first): what the
+    report stage writes, and what stages/derivation.py renders again to check a page."""
+    recipes = load_recipes(inputs["gates"], inputs["tsvs"], inputs["exports"], inputs["doctors"])
+    return seal_report(render(model, recipes, Path(inputs["card"]))), recipes
+
+
 def build_report(model: str, inputs: dict, out: Path) -> list[Recipe]:
     """Read and check the inputs, write the page sealed (records.read_report checks it)."""
-    recipes = load_recipes(inputs["gates"], inputs["tsvs"], inputs["exports"], inputs["doctors"])
-    write_text_atomic(out, seal_report(render(model, recipes, Path(inputs["card"]))))
+    text, recipes = report_text(model, inputs)
+    write_text_atomic(out, text)
     return recipes
 
 

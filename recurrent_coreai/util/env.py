@@ -20,14 +20,23 @@ ALIASES = {  # new name -> the old name it replaces (still read)
 # environment of a beta-watch rebuild, which must never publish): the Hub tokens, a misspelling
 # some CI systems set, the signing key's path and its password (old names included).
 HUB_TOKEN_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+RECORD_KEY_VAR = "RECURRENT_COREAI_RECORD_KEY"  # the key of the records' MACs (pipeline/records.py)
 SECRET_VARS = (*HUB_TOKEN_VARS, "HUGGINGFACE_HUB_TOKEN", "RECURRENT_COREAI_SIGNING_KEY",
-               "RECURRENT_COREAI_SIGNING_KEY_PASSWORD", "RWKV7_SIGNING_KEY", "RWKV7_SIGNING_KEY_PASSWORD")
+               "RECURRENT_COREAI_SIGNING_KEY_PASSWORD", "RWKV7_SIGNING_KEY", "RWKV7_SIGNING_KEY_PASSWORD",
+               RECORD_KEY_VAR)
 _warned: set[str] = set()
 
 
 def hub_token() -> str | None:
     """The Hub token from the environment (:data:`HUB_TOKEN_VARS`, first set wins), or None."""
     return next((os.environ[v] for v in HUB_TOKEN_VARS if os.environ.get(v)), None)
+
+
+def record_key() -> bytes | None:
+    """The key of the records' MACs (:data:`RECORD_KEY_VAR`), or None: records are then sealed
+    with a plain digest, as before the key existed. Never printed, never written."""
+    value = os.environ.get(RECORD_KEY_VAR)
+    return value.encode() if value else None
 
 
 def get(name: str, default: str | None = None) -> str | None:

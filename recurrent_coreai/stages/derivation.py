@@ -1,0 +1,239 @@
+"""Derived records checked against what they are derived from: recompute, compare.
+
+A seal (pipeline/records.py) says only that a record is the canonical text with its digest: an edit
+followed by a recomputed seal passes it. So, before anything is staged (stages/publish.py) and
+before DVC records a stage (scripts/dvc_record.py), every derived record is made again from its
+inputs and compared with what is on disk:
+
+* a gate JSON: its verdict recomputed (:func:`stages.gate.verdict`) from the per-step TSV it
+  carries the digest of, with the settings in force (config: thresholds, near-tie epsilon, prompts,
+  steps); its prefill verdict from its own prefill rows; the bundle it names against the bundle's
+  ``export.json``; its reference digest against the reference stream;
+* ``export.json``: its ``files`` and ``size_bytes`` against the bundle's bytes;
+* an AOT output's ``aot.json``: what it was built from against ``export.json``;
+* the card: rendered again from the records it is made of (:func:`stages.card.card_text`);
+* the build report: rendered again likewise (:func:`stages.report.report_text`).
+
+The seals stay the first check (they are cheap and name the stage to rerun); a record that is
+sealed but disagrees with what it derives from is ONE line naming both files
+(:func:`disagrees`). What this cannot catch -- a TSV and its summary forged together, or a bundle
+and its ``export.json`` -- is in docs/provenance.md.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+import shlex
+from pathlib import Path
+
+from recurrent_coreai.pipeline import config as cfgmod
+from recurrent_coreai.pipeline.records import (AOT, EXPORT, check_seal, read_aot, read_card, read_export, read_gate,
+                                              read_gate_tsv, read_report, rerun_fix, unseal_card)
+from recurrent_coreai.stages import card, gate, report
+from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.util.fsutil import first_difference, sha256_file, tree_manifest
+
+TSV_INTS = ("step", "prompt", "pos", "token", "ref_top1", "ref_top2", "engine_top1")
+TSV_BOOLS = ("near_tie", "agree")
+TSV_REL = 1e-5  # the TSV prints 6 significant digits: a mean of printed values is within 5e-7 of the true one
+SETTINGS = ("thresholds", "near_tie_epsilon", "prompts", "thresholds_why", "steps_why")
+DATE = "\0build-date\0"  # rendered in place of the card's build date, which is not derived (SOURCE_DATE_EPOCH)
+
+
+def disagrees(record: str | Path, source: str | Path, what: str, rule: str) -> PipelineError:
+    """``<record>: disagrees with <source>: <what> -- fix: rerun it: ... --forcerun <rule>``"""
+    return PipelineError(record, f"disagrees with {source}: {what}", rerun_fix(rule))
+
+
+# --- the gate --------------------------------------------------------------------------------------
+def tsv_rows(path: Path, text: str) -> list[dict]:
+    """The gate TSV's rows as :func:`stages.gate.decode_rows` made them (printed precision); the
+    text must be exactly what :func:`stages.gate.tsv_text` writes for them."""
+    try:
+        rows = [{k: (int(v) if k in TSV_INTS else bool(int(v)) if k in TSV_BOOLS else float(v)) for k, v in r.items()}
+                for r in csv.DictReader(io.StringIO(text, newline=""), delimiter="\t")]
+        canonical = gate.tsv_text(rows) == text and bool(rows)
+    except (ValueError, TypeError, KeyError):
+        canonical = False
+    if not canonical:
+        raise PipelineError(path, "is not a gate TSV as the gate writes it", rerun_fix("gate"))
+    return rows
+
+
+def _same(recorded, derived) -> bool:
+    if isinstance(derived, float) and isinstance(recorded, (int, float)) and not isinstance(recorded, bool):
+        return math.isclose(recorded, derived, rel_tol=TSV_REL, abs_tol=1e-12)
+    return type(recorded) is type(derived) and recorded == derived
+
+
+def _compare(record: Path, source: Path, recorded: dict, derived: dict, rule: str, prefix: str = "") -> None:
+    for key, value in derived.items():
+        if key not in recorded or not _same(recorded[key], value):
+            got = recorded.get(key, "nothing")
+            raise disagrees(record, source, f"{prefix}{key} is {got!r}, what it derives from gives {value!r}", rule)
+
+
+def check_gate(json_path: Path, settings: dict, export_dir: Path | None = None, reference: Path | None = None) -> dict:
+    """A gate JSON (sealed) against its TSV (by digest) and what it derives from: the verdict from
+    the TSV's rows and ``settings`` (config.gate_settings: what is in force), the prefill verdict
+    from its prefill rows, the bundle against ``export_dir``'s export.json, the reference digest.
+    Returns the gate record."""
+    json_path = Path(json_path)
+    record = read_gate(json_path)
+    tsv = json_path.with_name((record.get("tsv") or {}).get("name", json_path.with_suffix(".tsv").name))
+    rows = tsv_rows(tsv, read_gate_tsv(tsv, record))
+    for key in SETTINGS:
+        if record.get(key) != settings.get(key):
+            raise disagrees(json_path, "the config in force", f"{key} is {record.get(key)!r}, the config says "
+                            f"{settings.get(key)!r}", "gate")
+    if len(rows) != settings["steps"]:
+        raise disagrees(json_path, tsv, f"{len(rows)} step(s), the config's gate/steps is {settings['steps']}", "gate")
+    for r in rows:
+        if r["agree"] != (r["engine_top1"] == r["ref_top1"]):
+            raise disagrees(json_path, tsv, f"step {r['step']}: agree is {int(r['agree'])} for engine top-1 "
+                            f"{r['engine_top1']} and reference top-1 {r['ref_top1']}", "gate")
+    decode = gate.verdict(rows, settings["thresholds"])
+    _compare(json_path, tsv, record, {k: v for k, v in decode.items() if k not in ("pass", "reasons")}, "gate")
+    prefill = record.get("prefill") or {}
+    if prefill:
+        pre = gate.verdict(prefill.get("rows") or [], settings["thresholds"])
+        _compare(json_path, json_path, prefill, {k: v for k, v in pre.items() if k != "reasons"}, "gate", "prefill ")
+    problems = decode["reasons"] + ([] if prefill.get("pass", False) else ["prefill"])
+    tested = (record.get("tested_files") or {}).get("aimodel") or {}
+    if export_dir is not None:
+        export = check_export(export_dir)
+        problems += gate.contract_problems(export)
+        if record.get("bundle") != export["bundle"] or tested != export["files"]:
+            bad = first_difference(tested, export["files"]) or "its name"
+            raise disagrees(json_path, Path(export_dir) / EXPORT, f"the bundle it tested is not this one "
+                            f"({record.get('bundle')}: {bad})", "gate")
+    if record.get("bundle_sha256") != gate.bundle_digest(tested):
+        raise disagrees(json_path, json_path, "bundle_sha256 is not the digest of its tested_files", "gate")
+    if record.get("pass") != (not problems) or (record.get("pass") and record.get("reasons")):
+        raise disagrees(json_path, tsv, f"pass is {record.get('pass')!r}, the rows give "
+                        f"{not problems!r} ({'; '.join(problems) or 'no reason to fail'})", "gate")
+    if reference is not None and record.get("reference_sha256") != sha256_file(reference):
+        raise disagrees(json_path, reference, "it was not gated against this reference stream", "gate")
+    return record
+
+
+# --- export and AOT ----------------------------------------------------------------------------------
+def check_export(export_dir: Path) -> dict:
+    """``export.json`` (sealed; every file of the directory as it records them) against the
+    bundle's bytes: ``files`` and ``size_bytes``."""
+    export_dir = Path(export_dir)
+    record = read_export(export_dir)
+    files = tree_manifest(export_dir / record["bundle"])
+    bad = first_difference(files, record["files"])
+    if bad:
+        raise disagrees(export_dir / EXPORT, export_dir / record["bundle"] / bad, "other bytes", "export")
+    size = sum(f["size"] for f in files.values())
+    if record["size_bytes"] != size:
+        raise disagrees(export_dir / EXPORT, export_dir / record["bundle"], f"size_bytes is {record['size_bytes']}, "
+                        f"the bundle's files hold {size} bytes", "export")
+    return record
+
+
+def check_aot(aot_dir: Path, export_dir: Path) -> dict:
+    """``aot.json`` (sealed, with its files) against the export it was built from."""
+    record = read_aot(Path(aot_dir))
+    export = read_export(Path(export_dir), files=False)
+    if record["from"] != export["files"]:
+        raise disagrees(Path(aot_dir) / AOT, Path(export_dir) / EXPORT, "it was built from other bytes "
+                        f"({first_difference(record['from'], export['files'])})", "aot")
+    return record
+
+
+# --- the card and the report -----------------------------------------------------------------------
+def check_card(path: Path, model: str, settings: dict, source: Path, vocab: Path, toolchain: Path,
+               exports: list[Path], gates: list[Path], curated: Path | None) -> None:
+    """The card (sealed) is the card rendered again from its inputs, byte for byte (its build date,
+    from SOURCE_DATE_EPOCH when it was built, is taken as it is: any date or none)."""
+    read_card(path)
+    text = Path(path).read_text(encoding="utf-8")
+    fresh = card.card_text(model, settings, Path(source), Path(vocab), Path(toolchain), exports, gates, curated, DATE)
+    plain = card.card_text(model, settings, Path(source), Path(vocab), Path(toolchain), exports, gates, curated, None)
+    body = re.escape(unseal_card(fresh)).replace(re.escape(DATE), r"\d{4}-\d{2}-\d{2}")
+    if text != plain and not re.fullmatch(body, unseal_card(text)):
+        raise disagrees(path, first_line_difference(text, plain, gates), "it is not the card they render", "card")
+
+
+def first_line_difference(text: str, fresh: str, inputs: list[Path]) -> str:
+    """The inputs, and the first line where ``text`` and ``fresh`` differ (for the error)."""
+    a, b = text.splitlines(), fresh.splitlines()
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    where = ", ".join(map(str, inputs)) if len(inputs) <= 2 else f"{inputs[0]} and the other inputs"
+    return f"{where} (line {n + 1})"
+
+
+def check_report(path: Path, model: str, inputs: dict) -> None:
+    """The build report (sealed) is the page rendered again from its inputs, byte for byte."""
+    read_report(path)
+    fresh, _ = report.report_text(model, inputs)
+    if Path(path).read_text(encoding="utf-8") != fresh:
+        gates = [Path(p) for p in inputs["gates"]] + [Path(inputs["card"])]
+        raise disagrees(path, first_line_difference(Path(path).read_text(encoding="utf-8"), fresh, gates),
+                        "it is not the page they render", "report")
+
+
+# --- what publish reads, what DVC records ----------------------------------------------------------
+def check_publish_inputs(model: str, settings: dict, source: Path, card_path: Path, vocab: Path, toolchain: Path,
+                         exports: list[Path], gates: list[Path], aots: list[Path], reference: Path | None) -> None:
+    """Every derived record the publish stage stages, against what it derives from (``settings``:
+    the stage_and_push settings, which hold the card's and the gate's)."""
+    by_recipe = {read_export(Path(p), files=False)["recipe"]: Path(p) for p in exports}
+    for path in gates:
+        recipe = read_gate(Path(path))["recipe"]
+        check_gate(Path(path), cfgmod.gate_settings(settings, recipe), by_recipe.get(recipe), reference)
+    for path in aots:
+        recipe = check_seal(Path(path) / AOT, "aot")["recipe"]
+        if recipe in by_recipe:
+            check_aot(Path(path), by_recipe[recipe])
+    check_card(card_path, model, settings, source, vocab, toolchain, exports, gates, card.curated_card(model))
+
+
+def cmd_args(cmd: str) -> tuple[str, dict[str, list[str]]]:
+    """A stage's command line (dvc.yaml ``cmd``): (the script's stage name, ``{option: values}``)."""
+    words = shlex.split(cmd)
+    script = next((Path(w).stem for w in words if w.startswith("scripts/") and w.endswith(".py")), "")
+    args: dict[str, list[str]] = {}
+    key = None
+    for w in words[words.index(f"scripts/{script}.py") + 1:] if script else []:
+        if w.startswith("--"):
+            key = w[2:].replace("-", "_")
+            args[key] = []
+        elif key:
+            args[key].append(w)
+    return script, args
+
+
+def check_stage(stage: dict) -> None:
+    """What scripts/dvc_record.py checks of a stage it would record (after the seals of its outs):
+    each derived record among its outs against the inputs its command names."""
+    script, a = cmd_args(stage.get("cmd", ""))
+    one = {k: v[0] for k, v in a.items() if v}
+    if script == "export":
+        check_export(Path(one["out"]))
+    elif script == "aot":
+        check_aot(Path(one["out"]), Path(one["export"]))
+    elif script in ("gate", "card", "report", "publish"):
+        cfg = cfgmod.load(one.get("config_file", cfgmod.DEFAULT_FILE))
+        if script == "gate":
+            s = cfgmod.settings(cfg, "gate", model=one["model"], recipe=one["recipe"])
+            check_gate(Path(one["json"]), cfgmod.gate_settings(s, one["recipe"]), Path(one["export"]),
+                       Path(one["reference"]))
+        elif script == "card":
+            check_card(Path(one["out"]), one["model"], cfgmod.settings(cfg, "card", model=one["model"]),
+                       Path(one["source"]), Path(one["vocab"]), Path(one["toolchain"]), list(map(Path, a["exports"])),
+                       list(map(Path, a["gates"])), Path(one["curated"]) if one.get("curated") else None)
+        elif script == "report":
+            check_report(Path(one["out"]), one["model"], {k: a[k] for k in ("gates", "tsvs", "exports", "doctors")}
+                         | {"card": one["card"]})
+        else:
+            check_publish_inputs(one["model"], cfgmod.settings(cfg, "stage_and_push", model=one["model"]),
+                                 Path(one["source"]), Path(one["card"]), Path(one["vocab"]), Path(one["toolchain"]),
+                                 list(map(Path, a["exports"])), list(map(Path, a["gates"])),
+                                 list(map(Path, a.get("aots", []))), Path(one["reference"]) if one.get("reference") else None)
