@@ -8,11 +8,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from recurrent_coreai.pipeline import config as cfgmod
 from recurrent_coreai.tools import generate as gen
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.pipeline.paths import Layout
@@ -23,6 +27,10 @@ from recurrent_coreai import tokenizers
 RESULTS = None  # the tiny results tree (conftest)
 M = "rwkv7-tiny"
 PROMPT = "Hello, who are you?"
+ROOT = Path(__file__).resolve().parents[1]
+# what the tiny tree holds: every model config.yaml builds (one per family), with its recipes
+TINY = {m: cfgmod.model(cfgmod.load(ROOT / "config.yaml"), m)["recipes"]
+        for m in cfgmod.models_to_build(cfgmod.load(ROOT / "config.yaml"))}
 
 
 @pytest.fixture(scope="module")
@@ -197,4 +205,95 @@ def test_cli_streams_text_and_reports_both_speeds(capfd):
     assert rc == 1 and err.count("\n") == 1 and err.startswith("error: ") and "unknown recipe 'nope'" in err
     rc = gen.main(["--config-file", conf, "--model", M, "--recipe", "fp32", "--temperature", "-1", PROMPT])
     err = capfd.readouterr().err
-    assert rc == 1 and err == "error: --temperature: -1.0 is out of range -- fix: use 0 (greedy) or a positive value\n"
+    assert rc == 1 and err == ("error: --temperature: -1.0 is out of range -- fix: use 0 (greedy) or a finite positive "
+                               "value of at least 2.2250738585072014e-308\n")
+
+
+def test_every_runtime_call_returns_with_the_runtime_thread_out_of_python(fp32_session, tokenizer):
+    """The runtime hands a result back from its own thread, which then still waits for the GIL
+    inside the loop's call_soon_threadsafe (measured: most calls); an interpreter exiting then
+    aborted the process (SIGABRT at exit, coreai/runtime.py RuntimeLoop). No call returns so."""
+    fp32_session.reset()
+    ids = gen.chat_tokens(tokenizer, LONG)
+    fp32_session.feed(ids)
+    assert fp32_session.runtime_threads_inside == 0
+    for tok in ids[:40]:
+        fp32_session.step(tok)
+        assert fp32_session.runtime_threads_inside == 0
+
+
+@pytest.mark.parametrize("model", sorted(TINY))
+def test_the_cli_exits_0_with_text_for_every_tiny_family(model):
+    """A real process per family, its interpreter exit included (Mamba-2's aborted there, 134)."""
+    recipe = TINY[model][0]
+    proc = subprocess.run([sys.executable, "-m", "recurrent_coreai", "generate", "--config-file",
+                           str(RESULTS.parent / "config.yaml"), "--model", model, "--recipe", recipe,
+                           "--max-new-tokens", "24", "--temperature", "0.8", "--seed", "3", PROMPT],
+                          cwd=ROOT, capture_output=True, timeout=600)
+    err = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode == 0, err[-2000:]
+    assert "C++ exception" not in err
+    text = proc.stdout.decode("utf-8")
+    assert text.endswith("\n") and text.strip(), f"no text from {model}/{recipe}: {text!r}"
+    assert "sampling: seed 3" in err and " decode: " in err and "stopped: " in err
+
+
+BAD_SAMPLING = [  # (arguments, the exact line on stderr)
+    (["--temperature", "1e-320"], "error: --temperature: 1e-320 is out of range -- fix: use 0 (greedy) or a finite "
+     "positive value of at least 2.2250738585072014e-308"),
+    (["--temperature", "inf"], "error: --temperature: inf is out of range -- fix: use 0 (greedy) or a finite positive "
+     "value of at least 2.2250738585072014e-308"),
+    (["--temperature", "nan"], "error: --temperature: nan is out of range -- fix: use 0 (greedy) or a finite positive "
+     "value of at least 2.2250738585072014e-308"),
+    (["--repetition-penalty", "inf"], "error: --repetition-penalty: inf is out of range -- fix: use a finite positive "
+     "value of at least 2.2250738585072014e-308; 1 turns it off"),
+    (["--repetition-penalty", "nan"], "error: --repetition-penalty: nan is out of range -- fix: use a finite positive "
+     "value of at least 2.2250738585072014e-308; 1 turns it off"),
+    (["--repetition-penalty", "-1.5"], "error: --repetition-penalty: -1.5 is out of range -- fix: use a finite positive "
+     "value of at least 2.2250738585072014e-308; 1 turns it off"),
+    (["--repetition-penalty", "0"], "error: --repetition-penalty: 0.0 is out of range -- fix: use a finite positive "
+     "value of at least 2.2250738585072014e-308; 1 turns it off"),
+    (["--repetition-penalty", "1e-320"], "error: --repetition-penalty: 1e-320 is out of range -- fix: use a finite "
+     "positive value of at least 2.2250738585072014e-308; 1 turns it off"),
+    (["--top-p", "0"], "error: --top-p: 0.0 is out of range -- fix: use a value in (0, 1]; 1 turns it off"),
+    (["--top-p", "1.5"], "error: --top-p: 1.5 is out of range -- fix: use a value in (0, 1]; 1 turns it off"),
+    (["--top-p", "nan"], "error: --top-p: nan is out of range -- fix: use a value in (0, 1]; 1 turns it off"),
+    (["--top-p", "-inf"], "error: --top-p: -inf is out of range -- fix: use a value in (0, 1]; 1 turns it off"),
+    (["--top-k", "-1"], "error: --top-k: -1 is out of range -- fix: use 0 (off) or a positive count"),
+    (["--top-k", "65537", "--temperature", "1"], "error: --top-k: 65537 is more than the model's 65536 tokens -- fix: "
+     "use 0 (off) or a count from 1 to 65536"),
+    (["--top-k", str(2**64 + 1)], f"error: --top-k: {2**64 + 1} is more than the model's 65536 tokens -- fix: use 0 "
+     "(off) or a count from 1 to 65536"),
+    (["--top-k", "1e3"], "error: python -m recurrent_coreai generate: argument --top-k: invalid int value: '1e3' -- "
+     "fix: see python -m recurrent_coreai generate --help"),
+    (["--temperature", "warm"], "error: python -m recurrent_coreai generate: argument --temperature: invalid float "
+     "value: 'warm' -- fix: see python -m recurrent_coreai generate --help"),
+]
+
+
+@pytest.mark.parametrize("args,line", BAD_SAMPLING, ids=[" ".join(a) for a, _ in BAD_SAMPLING])
+def test_bad_sampling_values_are_one_line(capfd, args, line):
+    conf = str(RESULTS.parent / "config.yaml")
+    rc = gen.main(["--config-file", conf, "--model", M, "--recipe", "fp32", "--max-new-tokens", "2", *args, PROMPT])
+    out, err = capfd.readouterr()
+    assert (rc, err) == (1, line + "\n")
+    assert out == ""  # refused before any text
+
+
+@pytest.mark.parametrize("temperature,penalty", [(1e-300, 1.0), (sys.float_info.min, 1.0), (1.0, sys.float_info.min),
+                                                 (1e300, 1.0), (1.0, 1e300)])
+def test_extreme_accepted_settings_give_a_distribution(temperature, penalty):
+    """The smallest and largest accepted temperatures and penalties give finite probabilities
+    summing to 1 (no inf - inf = NaN): a tiny temperature is the argmax, a huge one uniform."""
+    logits = np.array([3.0, 2.5, -1.0, 7e4, -6e4])
+    z = penalize(logits, [0, 3, 4], penalty)
+    assert np.isfinite(z).all()
+    p = filtered_probs(z, temperature, 0, 1.0)
+    assert np.isfinite(p).all() and p.sum() == pytest.approx(1.0)
+    if temperature < 1e-200:
+        assert p[int(np.argmax(z))] == 1.0
+    if temperature > 1e200:
+        np.testing.assert_allclose(p, np.full(5, 0.2))
+    draws = {Sampler(Sampling(temperature=temperature, repetition_penalty=penalty, seed=s))(logits, [0, 3, 4])
+             for s in range(5)}
+    assert draws <= set(range(5))
