@@ -242,3 +242,22 @@ def test_a_reference_for_another_chunk_is_refused(control, tmp_path, cfg, tiny_s
     with pytest.raises(PipelineError, match="was made for prefill chunk 8, but the bundle's prefill takes 16 tokens"):
         gate(copy_build(control, tmp_path), cfg, other)
     assert not (tmp_path / "gate.json").exists()
+
+
+def test_a_gate_that_counted_too_few_steps_fails(control, tmp_path, cfg, stream_path):
+    """The bundle agrees at every step, but at near_tie_epsilon 1 (allowed: below 0.02 of this
+    reference's logit scale) some steps are near-ties, and min_counted 1 asks for every step:
+    the gate fails, says so, and writes only its .failed.json (tests/test_gate_counted.py: the rules)."""
+    margins = np.diff(np.sort(np.load(stream_path)["logits"], axis=1)[:, -2:], axis=1)[:, 0]
+    ties = int((margins < 1.0).sum())
+    assert 0 < ties < STEPS, "the reference must hold near-ties at epsilon 1 for this case"
+    top = copy_build(control, tmp_path)
+    s = {**settings(cfg), "near_tie_epsilon": 1.0, "thresholds": {**cfg["gate"]["thresholds"]["fp32"], "min_counted": 1.0}}
+    with pytest.raises(PipelineError) as exc:
+        gate_bundle("rwkv7-tiny", "fp32", top / "export", top / "aot", stream_path, s, top / "gate.json", top / "gate.tsv")
+    assert f"gate FAILED for rwkv7-tiny/fp32: only {STEPS - ties}/{STEPS} steps counted outside near-ties, fewer " \
+           "than min_counted 1 of them" in str(exc.value), str(exc.value)
+    failed = json.loads((top / "gate.failed.json").read_text())
+    assert not (top / "gate.json").exists() and failed["pass"] is False
+    assert failed["agree_counted"] == failed["counted"] == STEPS - ties and failed["thresholds"]["min_counted"] == 1.0
+    assert failed["reference_logit_scale"] > 1.0 / 0.02
