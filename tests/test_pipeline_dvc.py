@@ -14,9 +14,11 @@ pytestmark = pytest.mark.slow
 
 
 # The CPU capability torch reported where the committed dvc.lock was recorded (bench/bench_dag.py on
-# the 2-core build machine): torch picks its CPU kernels by it, so the reference stream and the gate's
-# numbers may differ in their last bits on another. Re-record dvc.lock elsewhere: update this too.
-RECORDED_CPU_CAPABILITY = "AVX512"
+# this project's 2-core machine, where CI runs): the Core AI runtime and torch pick their CPU kernels
+# by it, so the gate's numbers differ in their last bits on another (measured 2026-12-02: an AVX2 build
+# of the AVX512 record matched every source, vocab, reference, export and aot output; every gate JSON,
+# and so card, report and publish, differed). Re-record dvc.lock elsewhere: update this too.
+RECORDED_CPU_CAPABILITY = "AVX2"
 # the outputs that do not depend on the gate's settings (the tests' Snakemake build has the short gate)
 GATE_FREE = ("source", "vocab", "export", "aot")
 
@@ -37,6 +39,48 @@ def _differences(ours: dict, theirs: dict) -> list[str]:
                 paths = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p)) if a is not None else []
                 out.append(f"{name}: {key} differ{(' at ' + ', '.join(paths[:3])) if paths else ''}")
     return out
+
+
+def _cpu_independent(committed: dict, fresh: dict) -> tuple[dict, dict]:
+    """Both records whole on a CPU of the recorded capability. On another, only the stages whose
+    outputs no runtime number shapes (not the gate and what follows it), said in a warning; in CI
+    (CI=true) that is a failure: CI runs on the machine dvc.lock is recorded for, and a user there
+    would see dvc.lock modified after `make publish`."""
+    import os
+    import warnings
+
+    import torch
+
+    here = torch.backends.cpu.get_cpu_capability()
+    if here == RECORDED_CPU_CAPABILITY:
+        return committed, fresh
+    message = (f"this CPU runs {here} kernels, dvc.lock was recorded with {RECORDED_CPU_CAPABILITY}: the gate's "
+               "numbers differ in their last bits, so only the stages before the gate were compared")
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{message} -- fix: re-record dvc.lock on this machine (python bench/bench_dag.py, then copy "
+                    "its dvc.lock) and set RECORDED_CPU_CAPABILITY in tests/test_pipeline_dvc.py")
+    warnings.warn(message)
+    after_gate = ("gate-", "card-", "report-", "stage_and_push-")
+    keep = lambda lock: {k: v for k, v in lock.items() if not k.startswith(after_gate)}  # noqa: E731
+    return keep(committed), keep(fresh)
+
+
+def test_the_make_publish_record_of_a_build_is_the_committed_dvc_lock(dvc_repo, repo_root):
+    """`make publish` records its build in DVC from Snakemake's onsuccess hook (scripts/dvc_record.py:
+    `dvc commit -f dvc.yaml` for a full build), not by `dvc repro`: that record of the same outputs,
+    made from scratch (no dvc.lock), is the committed dvc.lock too."""
+    repo, built = dvc_repo
+    lock = repo / "dvc.lock"
+    kept = lock.read_bytes()
+    try:
+        lock.unlink()
+        proc = run("python scripts/dvc_record.py --config-file config.yaml --since 0", repo)
+        assert "DVC: recorded" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+        committed, fresh = _cpu_independent(_lock((repo_root / "dvc.lock").read_text()), _lock(lock.read_text()))
+    finally:
+        lock.write_bytes(kept)
+    differences = _differences(committed, fresh)
+    assert differences == [], f"make publish's record differs from the committed dvc.lock: {differences[:6]}"
 
 
 def test_two_builds_in_two_directories_are_byte_identical(dvc_repo, smk_repo):
@@ -61,14 +105,9 @@ def test_the_committed_dvc_lock_is_what_a_fresh_build_records(dvc_repo, repo_roo
     clone's `make publish` leaves `git status` clean. dvc.lock describes a build on the toolchain
     its toolchain stage recorded; on another one (python and the package versions) the whole DAG
     rebuilds by design, and this comparison says so instead of listing every stage."""
-    import torch
-
-    here = torch.backends.cpu.get_cpu_capability()
-    if here != RECORDED_CPU_CAPABILITY:
-        pytest.skip(f"this CPU runs torch's {here} kernels, dvc.lock was recorded with {RECORDED_CPU_CAPABILITY}: "
-                    "the numbers may differ in their last bits; compare on such a machine or re-record dvc.lock")
     repo, built = dvc_repo
     committed, fresh = _lock((repo_root / "dvc.lock").read_text()), _lock(built["dvc_lock"])
+    committed, fresh = _cpu_independent(committed, fresh)
     ours, theirs = committed.get("toolchain", {}), fresh.get("toolchain", {})
     if ours.get("deps") == theirs.get("deps") and ours.get("outs") != theirs.get("outs"):
         # the same toolchain code recorded another toolchain.json: this machine's python, torch,
