@@ -229,3 +229,34 @@ def test_int8keepproj_on_mamba2_quantises_only_the_tied_head_and_is_refused(cfg,
     more = {**q, "include": q["include"] + [MAMBA2.roles["mixer_output"]]}
     rows = quantize.plan(MAMBA2.decode_skeleton(g, torch.float16), more, "float16")
     assert "lm_head" in quantize.chosen(rows, more, "int8keepproj")
+
+
+def test_the_card_states_a_quantised_bundle_larger_than_fp16_with_both_sizes(exports):
+    """int8keepstate with a raw include of the tied head (accepted: it quantises out_proj too) is
+    larger than fp16 at this scale: the card's quantization block says so with both sizes; the
+    plain int8keepstate (smaller) and a model without an fp16 recipe say nothing."""
+    import jinja2
+
+    from recurrent_coreai.stages import card
+
+    recipes = {"fp16": {"dtype": "float16"}, "int8keepstate": {"dtype": "float16", "quantize": KEEPSTATE},
+               "int8keepstate+head": {"dtype": "float16", "quantize": {**KEEPSTATE, "include": ["lm_head"]}}}
+    ex = {r: exports[f"tied/{r}"] for r in recipes}
+    big, fp16 = ex["int8keepstate+head"]["size_bytes"], ex["fp16"]["size_bytes"]
+    assert big > fp16
+    said = card.larger_than_fp16("int8keepstate+head", list(recipes), recipes, ex)
+    assert said == f"{big:,} bytes against {fp16:,}"
+    assert card.larger_than_fp16("int8keepstate", list(recipes), recipes, ex) is None
+    assert card.larger_than_fp16("fp16", list(recipes), recipes, ex) is None
+    assert card.larger_than_fp16("int8keepstate+head", ["int8keepstate+head"], recipes, ex) is None
+    # the template's quantization block, rendered alone
+    text = (card.resources.files(card.__package__) / "templates" / "model_card.md.j2").read_text()
+    source = re.search(r"<!-- quantization begin -->\n(.*?)<!-- quantization end -->", text, re.S)[1]
+    row = {"name": "r", "quantized": [{"layer": "x"}], "bits": "int8", "block": 32, "quantized_groups": "`x`",
+           "kept": [], "kept_reasons": "", "kept_groups": "", "why": None}
+    template = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True).from_string(source)
+    plain = template.render(recipes=[{**row, "larger_than_fp16": None}])
+    larger = template.render(recipes=[{**row, "larger_than_fp16": said}])
+    line = f"**Its bundle is larger than this model's fp16 bundle** ({said}).\n"
+    assert "larger" not in plain and line in larger
+    assert larger.replace(line, "") == plain, larger   # one line more, the rest unchanged
