@@ -26,6 +26,7 @@ from recurrent_coreai.pipeline.records import (EXPORT, by_recipe, read_manifest,
 
 BLOCK = re.compile(r"<!-- (?P<name>[\w-]+) begin -->\r?\n(?P<body>.*?)<!-- (?P=name) end -->", re.S)
 TAGS = ("coreai", "no-kv-cache", "text-generation")  # beside the family's own tags
+CURATED = "cards/{model}.md"  # a maintainer's card to merge into, relative to the repo root (rules/common.smk)
 TARGET_SUFFIX = {"linux": (".aimodelx", "Linux lowering for the Core AI runtime")}
 
 
@@ -187,13 +188,27 @@ def main(argv=None) -> int:
     ns = stage.parser("card", "model", "source", "vocab", "toolchain", "out", lists=("exports", "gates"),
                       optional_lists=("curated",)).parse_args(argv)
     s, cfg = stage.setup("card", ns)
+    curated = ns.curated[0] if ns.curated else None
+    text = card_text(ns.model, s, Path(ns.source), Path(ns.vocab), Path(ns.toolchain), ns.exports, ns.gates, curated,
+                     build_date())
+    write_text_atomic(ns.out, text)  # sealed: its last line, its digest
+    stage.log.info("card %s -> %s%s", ns.model, ns.out, f" (merged into {curated})" if curated else "")
+
+
+def curated_card(model: str) -> Path | None:
+    """The maintainer's card of ``model`` (:data:`CURATED`) when there is one."""
+    path = Path(CURATED.format(model=model))
+    return path if path.is_file() else None
+
+
+def card_text(model: str, settings: dict, source: Path, vocab: Path, toolchain: Path, exports: list[Path],
+              gates: list[Path], curated: Path | None, date: str | None) -> str:
+    """The card, sealed, from its inputs (each checked against its stage's record first): what the
+    card stage writes, and what stages/derivation.py renders again to check a card."""
     # every input checked against the record of the stage that wrote it (pipeline/records.py)
-    read_vocab(Path(ns.vocab))
+    read_vocab(vocab)
     # the manifest as the source stage sealed it (the card reads its digests, not the weights)
-    ctx = context(ns.model, s, read_manifest(Path(ns.source), files=False), by_recipe(ns.exports, EXPORT, files=False),
-                  by_recipe(ns.gates),
-                  Path(ns.source), read_toolchain(Path(ns.toolchain))["versions"], Path(ns.vocab),
-                  build_date())
-    existing = ns.curated[0].read_text(encoding="utf-8") if ns.curated else None
-    write_text_atomic(ns.out, seal_card(merge(existing, render(ctx))))  # sealed: its last line, its digest
-    stage.log.info("card %s -> %s%s", ns.model, ns.out, f" (merged into {ns.curated[0]})" if existing else "")
+    ctx = context(model, settings, read_manifest(source, files=False), by_recipe(exports, EXPORT, files=False),
+                  by_recipe(gates), source, read_toolchain(toolchain)["versions"], vocab, date)
+    existing = Path(curated).read_text(encoding="utf-8") if curated else None
+    return seal_card(merge(existing, render(ctx)))
