@@ -258,7 +258,7 @@ BAD_SAMPLING = [  # (arguments, the exact line on stderr)
     (["--top-p", "0"], "error: --top-p: 0.0 is out of range -- fix: use a value in (0, 1]; 1 turns it off"),
     (["--top-p", "1.5"], "error: --top-p: 1.5 is out of range -- fix: use a value in (0, 1]; 1 turns it off"),
     (["--top-p", "nan"], "error: --top-p: nan is out of range -- fix: use a value in (0, 1]; 1 turns it off"),
-    (["--top-p", "-inf"], "error: --top-p: -inf is out of range -- fix: use a value in (0, 1]; 1 turns it off"),
+    (["--top-p", "inf"], "error: --top-p: inf is out of range -- fix: use a value in (0, 1]; 1 turns it off"),
     (["--top-k", "-1"], "error: --top-k: -1 is out of range -- fix: use 0 (off) or a positive count"),
     (["--top-k", "65537", "--temperature", "1"], "error: --top-k: 65537 is more than the model's 65536 tokens -- fix: "
      "use 0 (off) or a count from 1 to 65536"),

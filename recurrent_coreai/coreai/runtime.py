@@ -212,8 +212,6 @@ class DecodeSession:
                                 f"({type(exc).__name__}: {exc})",
                                 "re-run the aot stage; check the toolchain versions") from None
         self.state_shapes, self.state_dtype = state_shapes, np.dtype(state_dtype)
-        logits = [t for t in (expected or {}).get("outputs", []) if t["name"] == "logits"]
-        self.vocab_size = int(logits[0]["shape"][-1]) if logits else None  # logits per call, when export.json says
         states = [{"name": n, "shape": list(shape), "dtype": self.state_dtype.name} for n, shape in state_shapes.items()]
         try:
             check_function(aimodelx, self._fn, self.function, {"states": states, **(expected or {})})

@@ -177,10 +177,12 @@ def chat_tokens(tokenizer, prompt: str, chat: bool = True) -> list[int]:
     return tokenizer.prompt(prompt, chat)
 
 
-def open_bundle(results: Path, model: str, recipe: str, use_prefill: bool = True, tokenizer_kind: str = "world"):
+def open_bundle(results: Path, model: str, recipe: str, use_prefill: bool = True, tokenizer_kind: str = "world",
+                sampling: Sampling | None = None):
     """The runtime session over a recipe's lowered universal bundle — a :class:`PromptSession` when
     the bundle has a prefill function (and ``use_prefill``), else a :class:`DecodeSession` — and
-    the model's tokenizer."""
+    the model's tokenizer. ``sampling`` is checked against the bundle's logits (export.json) before
+    the runtime loads it."""
     lay = Layout(results, model)
     aot_dir, vocab = lay.aot("universal", recipe), lay.vocab
     if not (aot_dir / AOT).is_file():
@@ -199,6 +201,9 @@ def open_bundle(results: Path, model: str, recipe: str, use_prefill: bool = True
                             "rerun it: snakemake --cores 1 publish --forcerun aot")
     aimodelx = aot_dir / lowering["product"]
     functions = bundle_functions(record)
+    if sampling is not None:
+        logits = [t["shape"][-1] for t in functions[DECODE].get("outputs", []) if t["name"] == "logits"]
+        sampling.check(vocab=int(logits[0]) if logits else None)
     tokenizer = tokenizers.kind(tokenizer_kind).load(vocab)
     if use_prefill and PREFILL in functions:
         return PromptSession(aimodelx, record), tokenizer
@@ -240,7 +245,7 @@ def main(argv=None) -> int:
     stop = ns.stop if ns.stop is not None else ([] if ns.no_chat else list(DEFAULT_STOP))
     family = families.get(cfgmod.model(cfg, ns.model)["family"], cfgmod.origin(cfg))
     session, tokenizer = open_bundle(Path(cfg["results"]), ns.model, ns.recipe, use_prefill=not ns.main_only,
-                                     tokenizer_kind=family.tokenizer)
+                                     tokenizer_kind=family.tokenizer, sampling=sampler.cfg)
     try:
         prompt = chat_tokens(tokenizer, ns.prompt, chat=not ns.no_chat)
     except ValueError as exc:
@@ -251,10 +256,9 @@ def main(argv=None) -> int:
         out.write(text.encode("utf-8"))
         out.flush()
 
+    if not sampler.cfg.greedy:
+        print(f"sampling: seed {sampler.seed}", file=sys.stderr)
     with session:
-        sampler.cfg.check(vocab=session.vocab_size)  # top-k against the model's logits
-        if not sampler.cfg.greedy:
-            print(f"sampling: seed {sampler.seed}", file=sys.stderr)
         res = generate(session, tokenizer, prompt, sampler, ns.max_new_tokens, stop, write)
     write("\n")
     print(res.speeds(), file=sys.stderr)
