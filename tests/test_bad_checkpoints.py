@@ -34,7 +34,10 @@ from recurrent_coreai.stages.source import build_source
 from recurrent_coreai.tokenizers.world import VOCAB_FILE
 from recurrent_coreai.families.rwkv7.synthetic import pack_mixers, synthetic_state_dict
 
-G = Geometry(layers=2, hidden=64, head_dim=32, ffn=128, vocab=256, decay_lora=8, a_lora=8, v_lora=8, gate_lora=8)
+# vocab: the RWKV World size (ids 0..65529, real checkpoints have 65536 rows): the source stage refuses
+# an embedding or head with fewer rows than the tokenizer has ids (tokenizers/fit.py); hidden 64 keeps
+# each of the two [65536, 64] tensors at 16 MB
+G = Geometry(layers=2, hidden=64, head_dim=32, ffn=128, vocab=65536, decay_lora=8, a_lora=8, v_lora=8, gate_lora=8)
 INDEX = "model.safetensors.index.json"  # the Hugging Face sharded layout
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
 
@@ -227,7 +230,7 @@ CASES = {
     "int8-tensor-pth": (pth_with("blocks.0.att.r_k", lambda t: t.to(torch.int8)),
                         ["tensor blocks.0.att.r_k has dtype int8"], "model.pth"),
     "nan-inf": (fla_with("lm_head.weight", lambda t: nonfinite(t, 3, 2)),
-                ["tensor lm_head.weight has 3 NaN and 2 infinite values (of 16384)"], "model.safetensors"),
+                ["tensor lm_head.weight has 3 NaN and 2 infinite values (of 4194304)"], "model.safetensors"),
     "inf-bf16": (fla_with("model.layers.0.ffn.key.weight", lambda t: nonfinite(t, 0, 1).bfloat16()),
                  ["tensor model.layers.0.ffn.key.weight has 0 NaN and 1 infinite values"], "model.safetensors"),
     "nan-in-packed-mixers": (packed_with("model.layers.0.attn.x_x", lambda t: nonfinite(t, 1, 0)),
@@ -276,7 +279,7 @@ CASES = {
     "pth-sparse-csr-tensor": (pth_with("head.weight", lambda t: t.to_sparse_csr()),
                               ["tensor head.weight is stored in the sparse_csr layout (sparse)"], "model.pth"),
     "pth-meta-tensor": (pth_with("head.weight", lambda t: torch.empty_like(t, device="meta")),
-                        ["tensor head.weight is a meta tensor: shape [256, 64] but no data"], "model.pth"),
+                        ["tensor head.weight is a meta tensor: shape [65536, 64] but no data"], "model.pth"),
     "pth-quantized-tensor": (pth_with("blocks.1.ffn.key.weight", quantized),
                              ["tensor blocks.1.ffn.key.weight is quantized (qint8, per_tensor_affine); weights must "
                               "be float32, float16 or bfloat16"], "model.pth"),
@@ -369,7 +372,9 @@ def test_synthetic_card_front_matter_is_valid_yaml(cfg, license_, tmp_path):
     exactly the configured license (an unquoted 'a: b' used to be invalid YAML, 'yes' a boolean)."""
     model = json.loads(json.dumps(cfg["models"]["rwkv7-tiny"]))
     model["license"] = license_
-    model["source"]["shape"] = {**model["source"]["shape"], "layers": 1, "hidden": 64, "vocab": 256}
+    # smaller, but the configured World-sized vocab stays: the source stage refuses fewer rows than ids
+    model["source"]["shape"] = {**model["source"]["shape"], "layers": 1, "hidden": 64}
+    assert model["source"]["shape"]["vocab"] >= 65530
     out = tmp_path / "src"
     build_source("rwkv7-tiny", model, cfg["vocab"], out)
     assert card.source_license(out, None) == license_

@@ -126,10 +126,17 @@ def test_write_normalized_is_save_normalized(tmp_path, layout_):
 
 
 # --- memory of the source stage ----------------------------------------------------------------
-MID = dict(layers=8, hidden=512, head_dim=64, ffn=2048, vocab=4096, decay_lora=32, a_lora=32, v_lora=32,
-           gate_lora=64)  # ~30M weights: a 120 MB fp32 checkpoint, no tensor above 8 MB
-WARM = dict(MID, layers=1, hidden=128, ffn=256, vocab=256, decay_lora=8, a_lora=8, v_lora=8, gate_lora=16)
-RSS_PER_CHECKPOINT_BYTE = 0.4  # measured 0.15-0.2: one 32 MB tensor, 8-16 MB draw temporaries, malloc's retained heap
+# Both go through the source stage, which refuses fewer embedding/head rows than the RWKV World
+# vocabulary has ids (65530; tokenizers/fit.py): vocab 65536, as real checkpoints. MID keeps the
+# old mid shape's profile (8 layers, hidden 512, vocab 4096: 123 MB, largest tensors 8, 8, 4, 4 MiB)
+# with a narrow hidden and a wide ffn: embedding and head [65536, 32] 8 MiB each, ffn key/value
+# 4 MiB each, 12 layers: 118 MB. WARM stays tiny beside it (its largest tensor 256 KB, the old one's
+# 128 KB): a warm run on 8 MiB rows (hidden 32) leaves malloc a heap that the mid run reuses and
+# hides half its growth (measured 0.09x against 0.14-0.21x).
+MID = dict(layers=12, hidden=32, head_dim=32, ffn=32768, vocab=65536, decay_lora=32, a_lora=32, v_lora=32,
+           gate_lora=64)  # ~30M weights: a 118 MB fp32 checkpoint, no tensor above 8 MB
+WARM = dict(MID, layers=1, hidden=1, head_dim=1, ffn=256, decay_lora=8, a_lora=8, v_lora=8, gate_lora=16)
+RSS_PER_CHECKPOINT_BYTE = 0.4  # measured 0.14-0.21 (the old shape 0.14-0.28): 8-16 MB draw temporaries, malloc's retained heap
 
 CHILD = """
 import json, re, sys
