@@ -211,6 +211,30 @@ def test_a_resealed_card_is_refused(base, capsys):
     check_line(line, lay.card, lay.gate_json("fp32"), "card")
 
 
+def test_a_card_rendered_from_a_resealed_gate_is_refused_by_dvc(base):
+    """What `snakemake … --forcerun stage_and_push` does after the gate forgery: Snakemake reruns
+    the card from the forged gate JSON (the card agrees with it); recording the card checks the
+    gates it is rendered from too."""
+    from recurrent_coreai.pipeline import config as cfgmod
+    from recurrent_coreai.stages import card
+
+    lay = Layout(Path("results"), MODEL)
+    resealed_gate(lay.gate_json(RECIPE))
+    name, st = stage_named("card", model=MODEL)
+    _, a = derivation.cmd_args(st["cmd"])
+    settings = cfgmod.settings(cfgmod.load("config.yaml"), "card", model=MODEL)
+    rewrite(lay.card, card.card_text(MODEL, settings, lay.source, lay.vocab, Path(a["toolchain"][0]),
+                                     list(map(Path, a["exports"])), list(map(Path, a["gates"])), None,
+                                     card.build_date()).encode())
+    derivation.check_card(lay.card, MODEL, settings, lay.source, lay.vocab, Path(a["toolchain"][0]),
+                          list(map(Path, a["exports"])), list(map(Path, a["gates"])), None)  # the card agrees
+    line = dvc_refuses((name, st))
+    print(line)
+    check_line(line, lay.gate_json(RECIPE), lay.gate_tsv(RECIPE), "gate")
+    line = dvc_refuses(stage_named("report", model=MODEL))
+    check_line(line, lay.gate_json(RECIPE), lay.gate_tsv(RECIPE), "gate")
+
+
 def test_a_resealed_report_is_refused_by_dvc(base):
     """The report is not staged (no stage after it reads it): DVC's recording refuses it."""
     lay = Layout(base / "results", MODEL)

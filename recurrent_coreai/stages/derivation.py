@@ -195,6 +195,17 @@ def check_publish_inputs(model: str, settings: dict, source: Path, card_path: Pa
     check_card(card_path, model, settings, source, vocab, toolchain, exports, gates, card.curated_card(model))
 
 
+def check_gates(cfg: dict, model: str, gates: list[Path], exports: list[Path]) -> None:
+    """Each gate JSON of ``model`` against its TSV, the config's settings for its recipe and its
+    recipe's export among ``exports`` (what a card or a report is rendered from: a card re-rendered
+    from an edited gate JSON agrees with it, so the gate itself is checked too)."""
+    by_recipe = {read_export(Path(p), files=False)["recipe"]: Path(p) for p in exports}
+    for path in gates:
+        recipe = read_gate(Path(path))["recipe"]
+        s = cfgmod.settings(cfg, "gate", model=model, recipe=recipe)
+        check_gate(Path(path), cfgmod.gate_settings(s, recipe), by_recipe.get(recipe))
+
+
 def cmd_args(cmd: str) -> tuple[str, dict[str, list[str]]]:
     """A stage's command line (dvc.yaml ``cmd``): (the script's stage name, ``{option: values}``)."""
     words = shlex.split(cmd)
@@ -225,14 +236,16 @@ def check_stage(stage: dict) -> None:
             s = cfgmod.settings(cfg, "gate", model=one["model"], recipe=one["recipe"])
             check_gate(Path(one["json"]), cfgmod.gate_settings(s, one["recipe"]), Path(one["export"]),
                        Path(one["reference"]))
-        elif script == "card":
+        if script in ("card", "report"):  # what they render: each gate checked against its TSV first
+            check_gates(cfg, one["model"], list(map(Path, a["gates"])), list(map(Path, a["exports"])))
+        if script == "card":
             check_card(Path(one["out"]), one["model"], cfgmod.settings(cfg, "card", model=one["model"]),
                        Path(one["source"]), Path(one["vocab"]), Path(one["toolchain"]), list(map(Path, a["exports"])),
                        list(map(Path, a["gates"])), Path(one["curated"]) if one.get("curated") else None)
         elif script == "report":
             check_report(Path(one["out"]), one["model"], {k: a[k] for k in ("gates", "tsvs", "exports", "doctors")}
                          | {"card": one["card"]})
-        else:
+        elif script == "publish":
             check_publish_inputs(one["model"], cfgmod.settings(cfg, "stage_and_push", model=one["model"]),
                                  Path(one["source"]), Path(one["card"]), Path(one["vocab"]), Path(one["toolchain"]),
                                  list(map(Path, a["exports"])), list(map(Path, a["gates"])),
