@@ -55,6 +55,29 @@ def code(rule):
     return digest
 
 
+# config.yaml, validated, when this run's config is another (a --config/--configfile run), else None
+DEFAULT_CONFIG = None if CONFIG_FILE == cfgmod.DEFAULT_FILE else exit_on_error(lambda: cfgmod.load(cfgmod.DEFAULT_FILE))
+
+
+def config_file(stage):
+    """params: the config file the job's stage reads. config.yaml itself wherever it holds the same
+    settings for this job (and the same results:) as this run's config -- the stage reads nothing
+    else of it (pipeline/stage.py) -- so a --config/--configfile run changes no param of a job whose
+    settings it leaves alone: with the merged file's path, the next plain run reran every job."""
+
+    def path(w):
+        if DEFAULT_CONFIG is None or DEFAULT_CONFIG.get("results") != config["results"]:
+            return CONFIG_FILE
+        names = dict(w.items())
+        try:
+            same = cfgmod.settings(DEFAULT_CONFIG, stage, **names) == cfgmod.settings(config, stage, **names)
+        except Exception:  # a model, recipe or target config.yaml does not have
+            return CONFIG_FILE
+        return cfgmod.DEFAULT_FILE if same else CONFIG_FILE
+
+    return path
+
+
 def settings(stage):
     """params: the config values the stage reads, by value (a change reruns exactly that stage)."""
     return lambda w: json.dumps(cfgmod.settings(config, stage, **dict(w.items())), sort_keys=True)

@@ -10,6 +10,7 @@ rule gate:
         json=str(OUT.gate_json("{recipe}")),
         tsv=str(OUT.gate_tsv("{recipe}")),
     params:
+        config_file=config_file("gate"),
         settings=settings("gate"),
         code=code("gate"),
     log:
@@ -20,6 +21,6 @@ rule gate:
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/gate.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/gate.py --config-file {params.config_file} --model {wildcards.model} "
         "--recipe {wildcards.recipe} --export {input.export} --aot {input.aot} "
         "--reference {input.reference} --json {output.json} --tsv {output.tsv} --log {log}"
