@@ -40,7 +40,6 @@ quietly and the exit is 0 (1 if there were corrupt records: those lines go to st
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -49,6 +48,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recurrent_coreai.tools.one_line_parser import OneLineParser
 from recurrent_coreai.pipeline import config as cfgmod
 from recurrent_coreai.pipeline import dag, records
 from recurrent_coreai.coreai import toolchain
@@ -367,13 +367,6 @@ def render(table: list[dict[str, str]]) -> str:
     return "\n".join(lines)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse's usage errors as the house's one line (not usage + message, exit 2)."""
-
-    def error(self, message: str):
-        raise PipelineError(self.prog, message, f"see {self.prog} --help")
-
-
 def _print_table(text: str) -> None:
     """The table on stdout; a reader that stops early (``| head``) ends it quietly."""
     try:
@@ -389,7 +382,7 @@ def _print_table(text: str) -> None:
 
 @main_guard
 def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(prog=PROG, description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--config-file", default=cfgmod.DEFAULT_FILE, help="the config the tree was built with")
     ap.add_argument("--root", type=Path, default=Path("."),
                     help="repository root holding dvc.yaml, dvc.lock, the code and results/ (default: .)")

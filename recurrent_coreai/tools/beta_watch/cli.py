@@ -7,6 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from recurrent_coreai.tools.one_line_parser import OneLineParser
 from recurrent_coreai.pipeline import config as cfgmod
 from recurrent_coreai.tools.beta_watch.assess import assess
 from recurrent_coreai.tools.beta_watch.index import find_updates
@@ -22,15 +23,8 @@ from recurrent_coreai.util.errors import PipelineError, main_guard
 PROG = "python -m recurrent_coreai beta-watch"
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse's usage errors as the house's one line (not usage + message, exit 2)."""
-
-    def error(self, message: str):
-        raise PipelineError(self.prog, message, f"see {self.prog} --help")
-
-
 def parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog=PROG, description="Find coreai-* versions newer than the pins; --apply rebuilds in a "
+    ap = OneLineParser(prog=PROG, description="Find coreai-* versions newer than the pins; --apply rebuilds in a "
                  "throwaway git worktree and compares.")
     ap.add_argument("--index-url", help="PEP 503/691 simple index to ask (default: beta_watch.index_url, else pip's)")
     ap.add_argument("--apply", action="store_true", help="rebuild in a throwaway worktree and compare")
