@@ -264,7 +264,11 @@ def test_apply_rebuilds_exactly_the_toolchain_stages_and_reports(index, tiny_res
     repo = fresh_copy(tmp_path / "repo", edit=lambda cfg: (cfg["models"]["rwkv7-tiny"].update(recipes=[RECIPE]),
                                                          cfg.update(build=["rwkv7-tiny"])))
     shutil.copytree(tiny_results, repo / "results")
-    run("snakemake --cores 1 --touch publish && git commit -qam baseline", repo)  # realign file times, record in DVC
+    # realign file times up to the card; the card, report and staging tree of the shared tree list all
+    # three recipes, this config one: render them again (a touched card is refused by the DVC record,
+    # which re-renders it from its inputs: stages/derivation.py); record in DVC
+    run("snakemake --cores 1 --touch publish --omit-from card && snakemake --cores 1 publish "
+        "&& git commit -qam baseline", repo)
     assert "Nothing to be done" in run("snakemake -n --cores 1 publish", repo).stdout
     baseline = _digests(repo / "results")
     cli = f"{sys.executable} -m recurrent_coreai beta-watch --index-url {url}"
