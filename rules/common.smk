@@ -10,7 +10,7 @@ from recurrent_coreai.pipeline import fingerprint
 from recurrent_coreai.coreai import toolchain
 from recurrent_coreai.pipeline import resources as sizing  # cluster resources from the model's size
 from recurrent_coreai.util import fsutil
-from recurrent_coreai.util.errors import exit_on_error
+from recurrent_coreai.util.errors import PipelineError, exit_on_error
 from recurrent_coreai.pipeline.paths import STATE_DIR, Layout, card_inputs, publish_inputs
 from recurrent_coreai.stages.card import curated_card as curated_path
 
@@ -71,7 +71,7 @@ def config_file(stage):
         names = dict(w.items())
         try:
             same = cfgmod.settings(DEFAULT_CONFIG, stage, **names) == cfgmod.settings(config, stage, **names)
-        except Exception:  # a model, recipe or target config.yaml does not have
+        except PipelineError:  # a model, recipe or target config.yaml does not have
             return CONFIG_FILE
         return cfgmod.DEFAULT_FILE if same else CONFIG_FILE
 
