@@ -46,3 +46,25 @@ def token_shift(prev: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 
 def last_row(t: torch.Tensor) -> torch.Tensor:
     return t if t.shape[0] == 1 else t[-1:]
+
+
+def short_conv(prev: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """A short causal depthwise convolution over T tokens, before its activation (Mamba-2's conv1d,
+    Gated DeltaNet's q/k/v convs).
+
+    ``prev`` [D,K]: the window before these tokens (the last K inputs, newest last: transformers' and
+    fla's cache layout); ``x`` [T,D] the new inputs; ``weight`` [D,1,K] (nn.Conv1d's depthwise
+    layout, tap K-1 on the newest input); ``bias`` [D] or None. Computed in ``dtype`` as a sum of K
+    shifted products (no conv op: the same graph for T = 1 and a chunk). Returns the pre-activation
+    output [T,D] and the new window [D,K] (the last K inputs), both in ``dtype``."""
+    T, K = x.shape[0], weight.shape[-1]
+    seq = torch.cat([prev[:, 1:].transpose(0, 1).to(dtype), x.to(dtype)], dim=0)   # [K-1+T, D]
+    w = weight.to(dtype)
+    b = None if bias is None else bias.to(dtype)
+    out = seq[0:T] * w[:, 0, 0]
+    if b is not None:
+        out = b + out
+    for k in range(1, K):
+        out = out + seq[k:k + T] * w[:, 0, k]
+    return out, seq[T - 1:].transpose(0, 1)
