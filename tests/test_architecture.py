@@ -2,6 +2,8 @@
 
 * import-linter's contracts (pyproject.toml ``[tool.importlinter]``) hold, and breaking one on
   purpose -- a stage importing a family module -- fails them;
+* the family contracts cover every registered family (``families.NAMES``) by a wildcard, with no
+  line per family: a new family folder is under them as soon as it exists;
 * nothing RWKV-7-specific is written outside ``families/rwkv7/`` and the World tokenizer: the state
   names, the x070 name, the World vocab file, the WKV, RWKV-7 tensor names;
 * old environment variable names still work, with a deprecation note.
@@ -61,6 +63,73 @@ def test_a_family_importing_a_stage_breaks_the_layers(tmp_path):
     ref.write_text(ref.read_text() + "\nfrom recurrent_coreai.stages import gate  # noqa: E402,F401\n")
     proc = lint(copy)
     assert proc.returncode != 0 and "layers: a folder imports only the folders below it BROKEN" in proc.stdout
+
+
+def contracts() -> dict[str, dict]:
+    import tomllib
+
+    with open(ROOT / "pyproject.toml", "rb") as fh:
+        found = tomllib.load(fh)["tool"]["importlinter"]["contracts"]
+    return {c["type"]: c for c in found}
+
+
+def test_every_registered_family_is_under_the_family_contracts():
+    """Each registered family (``families.NAMES``, those with a folder) is one of the independent
+    modules and one of the forbidden ones, as import-linter expands their expressions; no ignored
+    import leads into a family (only the seam modules beside the folders may be ignored)."""
+    import grimp
+
+    from recurrent_coreai import families
+
+    graph = grimp.build_graph("recurrent_coreai", cache_dir=None)
+
+    def matched(expressions) -> set[str]:
+        return {m for e in expressions for m in (graph.find_matching_modules(e) if "*" in e else {e})}
+
+    def in_a_family(module: str) -> bool:
+        return any(module == f"recurrent_coreai.families.{n}" or module.startswith(f"recurrent_coreai.families.{n}.")
+                   for n in families.NAMES)
+
+    c = contracts()
+    independent, forbidden = matched(c["independence"]["modules"]), matched(c["forbidden"]["forbidden_modules"])
+    assert families.available(), "no family folder found"
+    for name in families.available():
+        module = f"recurrent_coreai.families.{name}"
+        assert module in independent, f"family {name} is not in the independence contract (pyproject.toml)"
+        assert module in forbidden, f"family {name} is not forbidden to the other folders (pyproject.toml)"
+    for kind in ("independence", "forbidden"):
+        for expression in c[kind].get("ignore_imports", []):
+            imported = expression.split("->")[1].strip()
+            leads = sorted(m for m in matched([imported]) if in_a_family(m))
+            assert not leads and not in_a_family(imported), \
+                f"the {kind} contract ignores imports of family modules ({expression}): {leads[:3]}"
+
+
+def test_a_new_family_folder_is_under_the_contracts_without_a_line_in_pyproject(tmp_path):
+    """A planted fourth family (a folder and its NAMES entry, pyproject.toml untouched) that imports
+    another family breaks the independence contract, and a stage importing it breaks the forbidden one."""
+    copy = tmp_path / "tree"
+    copy.mkdir()
+    shutil.copy(ROOT / "pyproject.toml", copy)
+    shutil.copytree(PACKAGE, copy / PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__"))
+    fams = copy / PACKAGE.name / "families"
+    (fams / "planted").mkdir()
+    (fams / "planted" / "__init__.py").write_text("from recurrent_coreai.families import base  # noqa: F401\n"
+                                                   "from recurrent_coreai.families.rwkv6 import geometry  # noqa: F401\n")
+    registry = fams / "__init__.py"
+    text = registry.read_text()
+    assert text.count("NAMES = (") == 1
+    registry.write_text(text.replace("NAMES = (", 'NAMES = ("planted", ', 1))
+    gate = copy / PACKAGE.name / "stages" / "gate.py"
+    gate.write_text(gate.read_text() + "\nfrom recurrent_coreai.families import planted  # noqa: E402,F401\n")
+    proc = lint(copy)
+    out = " ".join(proc.stdout.split())  # import-linter wraps its lines
+    assert proc.returncode != 0
+    assert "families: independent of each other BROKEN" in proc.stdout, proc.stdout[-3000:]
+    assert "families: reached only through the registry (recurrent_coreai.families.get) BROKEN" in proc.stdout
+    assert "recurrent_coreai.families.planted is not allowed to import recurrent_coreai.families.rwkv6" in out
+    assert "recurrent_coreai.stages is not allowed to import recurrent_coreai.families.planted" in out
+    assert "recurrent_coreai.stages.gate -> recurrent_coreai.families.planted" in out
 
 
 def neutral_modules() -> list[Path]:
