@@ -1,0 +1,128 @@
+"""The gated delta rule, token by token and in its exact chunk (WY/UT) form, from standard ops.
+
+Per value head (the state S is [K, V]: key rows, value columns), token t with q_t, k_t [K]
+(L2-normalised; q scaled by 1/sqrt(K)), v_t [V], the decay g_t = -exp(A_log) softplus(a_t + dt_bias)
+(<= 0) and the write strength beta_t = sigmoid(b_t) (x2 with allow_neg_eigval):
+
+    S <- exp(g_t) S                          (decay)
+    u_t = beta_t (v_t - S^T k_t)              (the delta: what S predicts for k_t, corrected)
+    S <- S + k_t u_t^T                        (rank-1 write)
+    o_t = S^T q_t                             [V]
+
+The pieces are module functions (:func:`l2norm`, :func:`gate`, :func:`beta`, :func:`delta_step`,
+:func:`chunk`) that the reference and the export modules both call, so a test can break one piece
+and see the whole model disagree with fla.
+
+Chunk form over T tokens (exact up to rounding; fp32 at least inside the chunk). With
+c_t = sum_{r<=t} g_r and every exponent written as a masked segment sum (<= 0: nothing overflows):
+
+    A[t,j] = beta_t exp(c_t - c_j) (k_t . k_j)        j < t  (strictly lower)
+    U = (I + A)^-1 (beta V - beta exp(c) (K S_0))     rows u_t
+    O = exp(c) (Q S_0) + ((Q K^T) o exp(c_t - c_j), j <= t) U
+    S_T = exp(c_T) S_0 + (K o exp(c_T - c_j))^T U
+
+(I + A)^-1 of the unit lower-triangular matrix is the finite product (I - A)(I + A^2)(I + A^4)...
+(A is nilpotent: A^T = 0), log2(T) matrix products and no triangular solve (which Core AI does not
+lower).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+L2_EPS = 1e-6
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    """fla's q/k normalisation over the last axis: x / sqrt(sum x^2 + 1e-6)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
+
+
+def softplus(x: torch.Tensor) -> torch.Tensor:
+    """log(1 + e^x) with no intermediate that overflows (max(x, 0) + log1p(e^-|x|))."""
+    return torch.clamp(x, min=0) + torch.log1p(torch.exp(-torch.abs(x)))
+
+
+def gate(a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+    """The log-decay g = -exp(A_log) softplus(a + dt_bias), <= 0; a [..., Hv]."""
+    return -torch.exp(A_log) * softplus(a + dt_bias)
+
+
+def beta(b: torch.Tensor, allow_neg_eigval: bool) -> torch.Tensor:
+    """The write strength sigmoid(b), doubled with allow_neg_eigval (eigenvalues of I - beta k k^T in [-1, 1])."""
+    s = torch.sigmoid(b)
+    return s * 2.0 if allow_neg_eigval else s
+
+
+def heads_of(t: torch.Tensor, hv: int, axis: int) -> torch.Tensor:
+    """q/k heads -> value heads along ``axis`` (GVA: v head i reads q/k head i // (Hv/H)), by expand +
+    reshape (no copy per head); unchanged when the counts match."""
+    h = t.shape[axis]
+    if h == hv:
+        return t
+    shape = list(t.shape)
+    t = t.unsqueeze(axis + 1)
+    expanded = shape[:axis + 1] + [hv // h] + shape[axis + 1:]
+    return t.expand(*expanded).reshape(*shape[:axis], hv, *shape[axis + 1:])
+
+
+def delta_step(S: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+               b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token, all heads: S [Hv,K,V], q and k [Hv,K] (normalised, q scaled), v [Hv,V], g and b [Hv]
+    (log-decay, beta). Returns o [Hv,V] and the new S."""
+    S = S * torch.exp(g).reshape(-1, 1, 1)
+    pred = (S * k.unsqueeze(-1)).sum(-2)                                  # S^T k  [Hv,V]
+    u = (v - pred) * b.unsqueeze(-1)
+    S = S + k.unsqueeze(-1) * u.unsqueeze(-2)
+    o = (S * q.unsqueeze(-1)).sum(-2)                                     # S^T q
+    return o, S
+
+
+@lru_cache(maxsize=None)
+def _mask_data(T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    i, s = np.arange(T).reshape(T, 1), np.arange(T).reshape(1, T)
+    return (i > s).astype(np.float64), (i >= s).astype(np.float64), np.eye(T)
+
+
+def _masks(T: int, dtype: torch.dtype):
+    """Fresh graph constants per call (a tensor made in one torch.export trace must not leak into the
+    next): only the numpy data is cached."""
+    return tuple(torch.tensor(m, dtype=dtype) for m in _mask_data(T))
+
+
+def chunk(S0: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+          b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """T tokens at once, all heads batched: S0 [Hv,K,V]; q, k [Hv,T,K] (normalised, q scaled);
+    v [Hv,T,V]; g, b [Hv,T]. Returns O [Hv,T,V] and S_T [Hv,K,V], in the inputs' dtype."""
+    Hv, T, _ = k.shape
+    strict, incl, eye = _masks(T, k.dtype)
+    seg = torch.cumsum(g.reshape(Hv, T, 1) * strict, dim=1)           # [h,t,j] = sum_{j<r<=t} g_r (t >= j), else 0
+    decay = torch.exp(seg)                                             # exp(c_t - c_j), <= 1
+    c = torch.cumsum(g, dim=1)                                         # [Hv,T] inclusive
+    kk = torch.matmul(k, k.transpose(-1, -2))                          # [Hv,T,T] k_t . k_j
+    A = kk * decay * strict * b.reshape(Hv, T, 1)                      # strictly lower
+    inv = eye - A                                                      # (I + A)^-1 = prod (I + (-A)^(2^m))
+    power = -A
+    for _ in range(max(0, math.ceil(math.log2(T)) - 1)):
+        power = torch.matmul(power, power)
+        inv = torch.matmul(inv, eye + power)
+    ec = torch.exp(c).reshape(Hv, T, 1)
+    rhs = (v - torch.matmul(k, S0) * ec) * b.reshape(Hv, T, 1)         # beta (v - exp(c) K S_0)
+    U = torch.matmul(inv, rhs)                                         # [Hv,T,V]
+    qk = torch.matmul(q, k.transpose(-1, -2)) * decay * incl           # causal, j <= t
+    O = torch.matmul(q, S0) * ec + torch.matmul(qk, U)
+    to_end = decay[:, T - 1, :].reshape(Hv, T, 1)                      # exp(c_T - c_j)
+    S_T = S0 * torch.exp(c[:, T - 1:T]).reshape(Hv, 1, 1) + torch.matmul((k * to_end).transpose(-1, -2), U)
+    return O, S_T
+
+
+def conv_silu(prev: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's short conv for one token: window [D,K] (newest last) with x [D] appended,
+    silu(sum_k window[:, k] weight[:, 0, k]). Returns the activation and the new window."""
+    window = torch.cat([prev[:, 1:], x[:, None]], dim=1)
+    return F.silu((window * weight[:, 0, :]).sum(-1)), window
