@@ -20,20 +20,15 @@ from recurrent_coreai.stages.source import build_source
 from recurrent_coreai.tokenizers import bpe, world
 from recurrent_coreai.util.errors import PipelineError
 
-SHAPES = {  # small geometries; ``vocab`` set per case
-    "rwkv7": {"layers": 1, "hidden": 64, "head_dim": 32, "ffn": 128, "decay_lora": 8, "a_lora": 8, "v_lora": 8,
-              "gate_lora": 16},
-    "rwkv6": {"layers": 1, "hidden": 64, "head_dim": 32, "ffn": 128, "mix_lora": 8, "decay_lora": 8},
-    "mamba2": {"layers": 1, "hidden": 64, "d_state": 16, "headdim": 16, "n_groups": 2},
-}
 LAYOUT = {"rwkv7": None, "rwkv6": "blinkdl", "mamba2": "hf"}  # None: the normal form; blinkdl: no config.json
 
 
 def checkpoint(tmp_path, family_name: str, vocab: int, tokenizer_json: str | None = None, head_rows: int | None = None):
     """A checkpoint of ``family_name`` with ``vocab`` embedding rows (the head ``head_rows``, if given),
-    in the family's layout of LAYOUT; a Mamba-2 gets ``tokenizer_json`` (default: the synthetic 1024 ids)."""
+    in the family's layout of LAYOUT, in the family's tiny shape (``Family.tiny_shape``) otherwise; a
+    Mamba-2 gets ``tokenizer_json`` (default: the synthetic 1024 ids)."""
     family = families.get(family_name)
-    geom = family.geometry_from_shape({**SHAPES[family_name], "vocab": vocab}, "test")
+    geom = family.geometry_from_shape({**family.tiny_shape, "vocab": vocab}, "test")
     dest = tmp_path / "ckpt"
     dest.mkdir()
     weights = family.write_layout(dict(family.synthetic_tensors(geom, 1)), dest, LAYOUT[family_name] or family.layouts[0],
@@ -93,7 +88,7 @@ def test_a_head_smaller_than_the_tokenizer_is_one_line(tmp_path, cfg, family_nam
     embedding (so the fit check never sees one), naming the tensor and both shapes."""
     src = checkpoint(tmp_path, family_name, rows, head_rows=head_rows)
     line = refused(tmp_path, family_name, src, cfg["vocab"])
-    hidden = SHAPES[family_name]["hidden"]
+    hidden = families.get(family_name).tiny_shape["hidden"]
     assert f"model.safetensors: tensor {head} has shape [{head_rows}, {hidden}], expected [{rows}, {hidden}] -- fix: " in line
 
 

@@ -169,6 +169,10 @@ class Family(abc.ABC):
     tags: ClassVar[tuple[str, ...]]          # model card tags beside "coreai", "no-kv-cache"
     max_chunk: ClassVar[int]                 # the largest prefill chunk its chunked form allows
     shape_keys: ClassVar[tuple[str, ...]]    # config.yaml source.shape keys (synthetic)
+    # The smallest source.shape that still exercises every part (each state, layer 0's extras, the
+    # groups): every per-family test builds its model from it (tests/families/test_contract.py checks
+    # that each registered family has one and that it builds).
+    tiny_shape: ClassVar[dict[str, Any]]
     # Many methods below are, by default, the function of the same name in one of the family's own
     # modules (``families/<name>/geometry.py``, ``layouts.py``, ``synthetic.py``, ``reference.py``
     # and :attr:`export_module`), imported when first used; a family overrides a method only where

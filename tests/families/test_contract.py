@@ -5,7 +5,8 @@ accepted layout normalises to the same normal form; the decode module equals the
 reference over >= 64 steps; one prefill chunk equals T decode steps (last logits and every
 state); each state is written exactly once per call in both functions; the state specs are the
 module's buffers. Each family's deeper tests (official implementation, broken copies, Core AI)
-live beside this file. A new family needs a tiny shape here (TINY) -- the test fails without one.
+live beside this file. Each family states its own tiny shape (``Family.tiny_shape``, in its
+``__init__.py``): every per-family test builds from it, and the test fails for a family without one.
 """
 
 from __future__ import annotations
@@ -19,12 +20,6 @@ from recurrent_coreai.checkpoints import reader
 from recurrent_coreai.coreai.convert import state_writes
 from recurrent_coreai.coreai.entrypoints import ENTRY_POINTS
 
-TINY = {  # the smallest shapes that still exercise every part (config.yaml source.shape)
-    "rwkv7": {"layers": 2, "hidden": 64, "head_dim": 32, "ffn": 128, "vocab": 256, "decay_lora": 8, "a_lora": 8,
-              "v_lora": 8, "gate_lora": 16},
-    "rwkv6": {"layers": 2, "hidden": 128, "head_dim": 64, "ffn": 448, "vocab": 256, "mix_lora": 8, "decay_lora": 16},
-    "mamba2": {"layers": 2, "hidden": 64, "d_state": 16, "headdim": 16, "n_groups": 2, "vocab": 256},
-}
 STEPS = 64
 CHUNK = 16
 
@@ -33,10 +28,18 @@ CHUNK = 16
 def fam(request):
     torch.set_num_threads(1)
     family = families.get(request.param)
-    assert request.param in TINY, f"family {request.param} has no tiny shape in tests/families/test_contract.py"
-    geom = family.geometry_from_shape(TINY[request.param], "test")
+    geom = family.geometry_from_shape(family.tiny_shape, "test")
     weights = dict(family.synthetic_tensors(geom, 7))
     return family, geom, weights
+
+
+@pytest.mark.parametrize("name", families.available())
+def test_every_family_states_a_tiny_shape_of_its_own_keys(name):
+    family = families.get(name)
+    shape = getattr(family, "tiny_shape", None)
+    assert isinstance(shape, dict) and shape, \
+        f"family {name} has no tiny_shape (set it in families/{name}/__init__.py: the smallest source.shape)"
+    family.geometry_from_shape(shape, "tiny_shape")  # a shape config.yaml could hold
 
 
 def test_synthetic_weights_are_deterministic_and_in_the_normal_form(fam):
@@ -51,7 +54,7 @@ def test_synthetic_weights_are_deterministic_and_in_the_normal_form(fam):
     assert family.geometry_from_dict(geom.as_dict()) == geom
 
 
-@pytest.mark.parametrize("layout_index", range(4))
+@pytest.mark.parametrize("layout_index", range(max(len(families.get(n).layouts) for n in families.available())))
 def test_every_layout_normalises_to_the_normal_form(fam, layout_index, tmp_path):
     family, geom, weights = fam
     if layout_index >= len(family.layouts):

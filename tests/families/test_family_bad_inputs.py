@@ -15,17 +15,9 @@ from recurrent_coreai import families
 from recurrent_coreai.stages.source import build_source
 from recurrent_coreai.util.errors import PipelineError
 
-TINY = {
-    "rwkv7": {"layers": 2, "hidden": 64, "head_dim": 32, "ffn": 128, "vocab": 256, "decay_lora": 8, "a_lora": 8,
-              "v_lora": 8, "gate_lora": 16},
-    "rwkv6": {"layers": 2, "hidden": 128, "head_dim": 64, "ffn": 448, "vocab": 256, "mix_lora": 8, "decay_lora": 16},
-    "mamba2": {"layers": 2, "hidden": 64, "d_state": 16, "headdim": 16, "n_groups": 2, "vocab": 256},
-}
-
-
 def checkpoint(family_name: str, layout: str, dest):
     family = families.get(family_name)
-    geom = family.geometry_from_shape(TINY[family_name], "test")
+    geom = family.geometry_from_shape(family.tiny_shape, "test")
     dest.mkdir(parents=True, exist_ok=True)
     family.write_layout(dict(family.synthetic_tensors(geom, 1)), dest, layout, geom)
     return dest
@@ -42,9 +34,14 @@ def build(tmp_path, family: str, src) -> PipelineError:
     return exc.value
 
 
-@pytest.mark.parametrize("actual,layout,given", [
-    ("rwkv7", "fla-split", "rwkv6"), ("rwkv7", "blinkdl", "mamba2"), ("rwkv6", "blinkdl", "rwkv7"),
-    ("rwkv6", "hf", "mamba2"), ("mamba2", "hf", "rwkv7"), ("mamba2", "mamba-ssm", "rwkv6")])
+def mismatches() -> list[tuple[str, str, str]]:
+    """(actual family, its layout, the family config.yaml names): every layout of every registered
+    family, given as each other family."""
+    return [(actual, layout, given) for actual in families.available() for layout in families.get(actual).layouts
+            for given in families.available() if given != actual]
+
+
+@pytest.mark.parametrize("actual,layout,given", mismatches())
 def test_a_checkpoint_of_another_family_names_the_family_it_looks_like(tmp_path, actual, layout, given):
     src = checkpoint(actual, layout, tmp_path / "ckpt")
     weights = [p for p in src.iterdir() if p.suffix in (".safetensors", ".pth", ".bin")]

@@ -34,6 +34,7 @@ class Mamba2Family(base.Family):
     max_chunk = 256
     vocab_tensors = ("backbone.embeddings.weight", "lm_head.weight")
     shape_keys = tuple(_geometry.SHAPE_KEYS)
+    tiny_shape = {"layers": 2, "hidden": 64, "d_state": 16, "headdim": 16, "n_groups": 2, "vocab": 256}
     card_summary = (
         "Mamba-2 is a selective state-space model: each layer projects its input once (in_proj) into a gate z, "
         "the SSM input x, the grouped state projections B and C and a step size dt per head; x, B and C pass a "

@@ -52,6 +52,8 @@ class Rwkv6Family(Family):
     vocab_tensors: ClassVar[tuple[str, ...]] = ("rwkv.embeddings.weight", "head.weight")
     max_chunk: ClassVar[int] = 128
     shape_keys: ClassVar[tuple[str, ...]] = _geometry.SHAPE_KEYS
+    tiny_shape: ClassVar[dict[str, Any]] = {"layers": 2, "hidden": 128, "head_dim": 64, "ffn": 448, "vocab": 256,
+                                            "mix_lora": 8, "decay_lora": 16}
     card_summary: ClassVar[str] = (
         "RWKV-6 (x060, \"Finch\") is a recurrent language model without a KV cache: each layer keeps a "
         "per-head matrix state updated with a data-dependent decay (w = exp(-exp(.)) from a LoRA of the "

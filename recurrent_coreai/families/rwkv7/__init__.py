@@ -37,6 +37,8 @@ class Rwkv7Family(base.Family):
     min_vocab = world.ID_COUNT  # the World vocabulary's ids (0..65529) must all have a row
     vocab_tensors = ("model.embeddings.weight", "lm_head.weight")
     shape_keys = ("layers", "hidden", "head_dim", "ffn", "vocab", "decay_lora", "a_lora", "v_lora", "gate_lora")
+    tiny_shape = {"layers": 2, "hidden": 64, "head_dim": 32, "ffn": 128, "vocab": 256, "decay_lora": 8, "a_lora": 8,
+                  "v_lora": 8, "gate_lora": 16}
     card_summary = ('RWKV-7 ("Goose", x070) is a recurrent language model: decoding costs O(1) per token and the '
                     "whole context lives in two fixed-size states, so there is **no KV cache** and memory does not "
                     "grow with the conversation.")
