@@ -19,28 +19,21 @@ dt clamp, norm before gate, per-channel D ...) is a one-line error naming the ke
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Mapping
 
 from recurrent_coreai.families import base
+from recurrent_coreai.families.hparams import REQUIRED, HParams, json_float, json_type
 from recurrent_coreai.util.errors import PipelineError
 
-_REQUIRED = object()
-
-# config.yaml source.shape keys -> (type, default or _REQUIRED)
+# config.yaml source.shape keys -> (type, default or REQUIRED)
 SHAPE_KEYS: dict[str, tuple[type, object]] = {
-    "layers": (int, _REQUIRED), "hidden": (int, _REQUIRED), "d_state": (int, _REQUIRED),
-    "headdim": (int, _REQUIRED), "vocab": (int, _REQUIRED), "n_groups": (int, 1), "expand": (int, 2),
+    "layers": (int, REQUIRED), "hidden": (int, REQUIRED), "d_state": (int, REQUIRED),
+    "headdim": (int, REQUIRED), "vocab": (int, REQUIRED), "n_groups": (int, 1), "expand": (int, 2),
     "conv_kernel": (int, 4), "norm_eps": (float, 1e-5), "tie_embeddings": (bool, False),
 }
-
-
-def _json_type(value: object) -> str:
-    return {list: "array", str: "string", bool: "boolean", type(None): "null", dict: "object"}.get(
-        type(value), type(value).__name__)
 
 
 @dataclass(frozen=True)
@@ -97,7 +90,7 @@ class Geometry(base.Geometry):
 
 def geometry_from_shape(shape: Mapping, where: str | Path) -> Geometry:
     if not isinstance(shape, Mapping):
-        raise PipelineError(where, f"source.shape is a {_json_type(shape)}, not a mapping",
+        raise PipelineError(where, f"source.shape is a {json_type(shape)}, not a mapping",
                             f"give the keys {', '.join(SHAPE_KEYS)}")
     unknown = sorted(set(shape) - set(SHAPE_KEYS))
     if unknown:
@@ -105,9 +98,9 @@ def geometry_from_shape(shape: Mapping, where: str | Path) -> Geometry:
     values = {}
     for key, (typ, default) in SHAPE_KEYS.items():
         if key not in shape:
-            if default is _REQUIRED:
+            if default is REQUIRED:
                 raise PipelineError(where, f"Mamba-2 shape key {key!r} is missing",
-                                    f"give {', '.join(k for k, (_, d) in SHAPE_KEYS.items() if d is _REQUIRED)}")
+                                    f"give {', '.join(k for k, (_, d) in SHAPE_KEYS.items() if d is REQUIRED)}")
             values[key] = default
             continue
         v = shape[key]
@@ -122,62 +115,7 @@ def geometry_from_shape(shape: Mapping, where: str | Path) -> Geometry:
 
 
 # --- config.json -----------------------------------------------------------------------------
-class _Reader:
-    """Typed access to a parsed config.json object; every problem is one PipelineError line."""
-
-    def __init__(self, cfg: Mapping, where: str | Path, fix: str, prefix: str = ""):
-        self.cfg, self.where, self.fix, self.prefix = cfg, where, fix, prefix
-
-    def _get(self, key: str, default: object) -> object:
-        if key not in self.cfg or self.cfg[key] is None:
-            if default is _REQUIRED:
-                raise PipelineError(self.where, f"missing key {self.prefix}{key!r}", self.fix)
-            return default
-        return self.cfg[key]
-
-    def whole(self, key: str, default: object = _REQUIRED) -> int:
-        v = self._get(key, default)
-        if not (type(v) is int or (type(v) is float and v.is_integer())) or v <= 0:
-            raise PipelineError(self.where, f"{self.prefix}{key} must be a positive integer, got {json.dumps(v)}",
-                                f"fix {self.prefix}{key} in config.json")
-        return int(v)
-
-    def number(self, key: str, default: object = _REQUIRED) -> float:
-        v = self._get(key, default)
-        if type(v) not in (int, float) or not 0 < v < math.inf:
-            raise PipelineError(self.where, f"{self.prefix}{key} must be a positive number, got {json.dumps(v)}",
-                                f"fix {self.prefix}{key} in config.json")
-        return float(v)
-
-    def flag(self, key: str, default: bool) -> bool:
-        v = self._get(key, default)
-        if not isinstance(v, bool):
-            raise PipelineError(self.where, f"{self.prefix}{key} must be true or false, got {json.dumps(v)}",
-                                f"fix {self.prefix}{key} in config.json")
-        return v
-
-    def require(self, key: str, ok, default: object, want: str) -> None:
-        """Values this port does not implement: the key must hold what ``ok`` accepts."""
-        v = self._get(key, default)
-        if not ok(v):
-            raise PipelineError(self.where, f"{self.prefix}{key} is {json.dumps(v)}; this Mamba-2 port supports "
-                                f"only {want}", "use a plain Mamba-2 checkpoint (or extend families/mamba2)")
-
-
-# transformers >= 5 writes a float JSON has no literal for as a tagged object (PreTrainedConfig's
-# _encode_special_floats: {"__float__": "Infinity"}) and reads back exactly these tags
-FLOAT_TAGS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
-
-
-def json_float(x: object) -> float | None:
-    """A number of config.json in any spelling its writers use: a JSON number (Python's json writes
-    infinity as the bare token ``Infinity``; ``1e309`` reads as infinity too) or transformers'
-    ``{"__float__": "Infinity"}``. None for anything else (a string, a boolean ...)."""
-    if type(x) in (int, float):
-        return float(x)
-    if isinstance(x, Mapping) and set(x) == {"__float__"} and isinstance(x["__float__"], str):
-        return FLOAT_TAGS.get(x["__float__"])
-    return None
+PORT_FIX = "use a plain Mamba-2 checkpoint (or extend families/mamba2)"   # a setting this port does not implement
 
 
 def _no_dt_clamp(v: object) -> bool:
@@ -192,8 +130,7 @@ def _check_heads(g: Geometry, heads: int, key: str, where: str | Path) -> None:
 
 
 def geometry_from_hf_config(cfg: Mapping, where: str | Path) -> Geometry:
-    fix = "use the config.json of a transformers Mamba2ForCausalLM checkpoint"
-    r = _Reader(cfg, where, fix)
+    r = HParams(cfg, where, "use the config.json of a transformers Mamba2ForCausalLM checkpoint", "Mamba-2", PORT_FIX)
     r.require("use_bias", lambda v: v is False, False, "use_bias false (no in_proj/out_proj bias)")
     r.require("use_conv_bias", lambda v: v is True, True, "use_conv_bias true")
     r.require("hidden_act", lambda v: v in ("silu", "swish"), "silu", 'hidden_act "silu"')
@@ -201,8 +138,9 @@ def geometry_from_hf_config(cfg: Mapping, where: str | Path) -> Geometry:
     g = Geometry(
         layers=r.whole("num_hidden_layers"), hidden=r.whole("hidden_size"), d_state=r.whole("state_size"),
         headdim=r.whole("head_dim"), vocab=r.whole("vocab_size"), n_groups=r.whole("n_groups"),
-        expand=r.whole("expand", 2), conv_kernel=r.whole("conv_kernel", 4),
-        norm_eps=r.number("layer_norm_epsilon", 1e-5), tie_embeddings=r.flag("tie_word_embeddings", False),
+        expand=r.whole("expand", default=2), conv_kernel=r.whole("conv_kernel", default=4),
+        norm_eps=r.number("layer_norm_epsilon", default=1e-5),
+        tie_embeddings=r.flag("tie_word_embeddings", default=False),
     ).check(where)
     if "num_heads" in cfg:
         _check_heads(g, r.whole("num_heads"), "num_heads", where)
@@ -219,22 +157,14 @@ SSM_CFG_KEYS = {"layer", "d_state", "d_conv", "expand", "headdim", "ngroups", "d
 
 
 def geometry_from_mamba_ssm_config(cfg: Mapping, where: str | Path) -> Geometry:
-    fix = "use the config.json of a state-spaces/mamba2-* checkpoint"
-    unknown = sorted(set(cfg) - MAMBA_SSM_KEYS)
-    if unknown:
-        raise PipelineError(where, f"unknown mamba_ssm config key {unknown[0]!r}", fix)
-    r = _Reader(cfg, where, fix)
+    r = HParams(cfg, where, "use the config.json of a state-spaces/mamba2-* checkpoint", "Mamba-2", PORT_FIX)
+    r.only(MAMBA_SSM_KEYS, "mamba_ssm config key")
     r.require("d_intermediate", lambda v: v == 0, 0, "d_intermediate 0 (no MLP)")
     r.require("attn_layer_idx", lambda v: v == [], [], "attn_layer_idx [] (no attention layers)")
     r.require("rms_norm", lambda v: v is True, True, "rms_norm true")
     r.require("norm_epsilon", lambda v: v == 1e-5, 1e-5, "norm_epsilon 1e-5 (the gated norm's eps is fixed at 1e-5)")
-    ssm = cfg.get("ssm_cfg", {})
-    if not isinstance(ssm, Mapping):
-        raise PipelineError(where, f"ssm_cfg is a JSON {_json_type(ssm)}, not an object", fix)
-    unknown = sorted(set(ssm) - SSM_CFG_KEYS)
-    if unknown:
-        raise PipelineError(where, f"unknown key ssm_cfg.{unknown[0]!r}", fix)
-    s = _Reader(ssm, where, fix, "ssm_cfg.")
+    s = r.section("ssm_cfg")
+    s.only(SSM_CFG_KEYS)
     s.require("layer", lambda v: v == "Mamba2", "Mamba1", 'layer "Mamba2" (this is a Mamba-1 config)')
     s.require("d_ssm", lambda v: v is None, None, "d_ssm null (SSM over the whole inner width)")
     s.require("D_has_hdim", lambda v: v is False, False, "D_has_hdim false (one D per head)")
@@ -244,19 +174,18 @@ def geometry_from_mamba_ssm_config(cfg: Mapping, where: str | Path) -> Geometry:
     s.require("bias", lambda v: v is False, False, "bias false")
     s.require("conv_bias", lambda v: v is True, True, "conv_bias true")
     vocab = r.whole("vocab_size")
-    multiple = r.whole("pad_vocab_size_multiple", 8)  # MambaConfig's default
-    vocab += (-vocab) % multiple                     # MambaLMHeadModel pads the table
+    multiple = r.whole("pad_vocab_size_multiple", default=8)  # MambaConfig's default
+    vocab += (-vocab) % multiple                              # MambaLMHeadModel pads the table
     return Geometry(
-        layers=r.whole("n_layer"), hidden=r.whole("d_model"), d_state=s.whole("d_state", 128),
-        headdim=s.whole("headdim", 64), vocab=vocab, n_groups=s.whole("ngroups", 1), expand=s.whole("expand", 2),
-        conv_kernel=s.whole("d_conv", 4), norm_eps=1e-5, tie_embeddings=r.flag("tie_embeddings", True),
+        layers=r.whole("n_layer"), hidden=r.whole("d_model"), d_state=s.whole("d_state", default=128),
+        headdim=s.whole("headdim", default=64), vocab=vocab, n_groups=s.whole("ngroups", default=1),
+        expand=s.whole("expand", default=2), conv_kernel=s.whole("d_conv", default=4), norm_eps=1e-5,
+        tie_embeddings=r.flag("tie_embeddings", default=True),
     ).check(where)
 
 
 def geometry_from_config(cfg: object, where: str | Path) -> Geometry:
-    if not isinstance(cfg, Mapping):
-        raise PipelineError(where, f"is a JSON {_json_type(cfg)}, not an object",
-                            "use the config.json of a Mamba-2 checkpoint")
+    HParams(cfg, where, "use the config.json of a Mamba-2 checkpoint")  # a JSON object, else one line
     if "d_model" in cfg and "model_type" not in cfg:
         return geometry_from_mamba_ssm_config(cfg, where)
     if cfg.get("model_type") != "mamba2":

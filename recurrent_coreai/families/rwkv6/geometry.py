@@ -9,7 +9,6 @@ code's own rule, and a mismatch with the weights is then a one-line shape error 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, fields
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Mapping
 
 from recurrent_coreai.families import base
+from recurrent_coreai.families.hparams import HParams
 from recurrent_coreai.util.errors import PipelineError
 
 MIX = ("w", "k", "v", "r", "g")            # order of the five ddlerp LoRA outputs (time_maa_w2's rows)
@@ -24,7 +24,6 @@ MAA = ("x", "w", "k", "v", "r", "g")       # attention.time_maa_<m> [1,1,C]
 ATT_LINEARS = ("receptance", "key", "value", "gate", "output")
 FFN_LINEARS = ("key", "receptance", "value")
 HF_MODEL_TYPE = "rwkv6"
-_REQUIRED = object()
 
 
 @dataclass(frozen=True)
@@ -116,56 +115,34 @@ def geometry_from_dict(d: Mapping) -> Geometry:
 
 
 # --- config.json (HF remote code, RWKV/v6-Finch-*-HF) ------------------------------------------
-def _json_type(value: object) -> str:
-    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), type(value).__name__)
-
-
 def geometry_from_config(cfg, where: str | Path) -> Geometry:
     """config.json of the HF remote-code layout. Keys: hidden_size, num_hidden_layers, vocab_size,
     head_size (64), intermediate_size (null -> int(hidden*3.5)//32*32, as that code derives it),
     layer_norm_epsilon (1e-5), head_size_divisor (8: ln_x eps = 1e-5 * 8**2), attention_hidden_size
     (must equal hidden_size); LoRA widths from time_mix_extra_dim / time_decay_extra_dim when
     present, else the remote code's rule (doubled at hidden 4096)."""
-    fix = "use the config.json of an RWKV-6 checkpoint in the RWKV/v6-Finch-*-HF layout"
-    if not isinstance(cfg, Mapping):
-        raise PipelineError(where, f"is a JSON {_json_type(cfg)}, not an object", fix)
+    r = HParams(cfg, where, "use the config.json of an RWKV-6 checkpoint in the RWKV/v6-Finch-*-HF layout")
     if cfg.get("model_type") != HF_MODEL_TYPE:
         raise PipelineError(where, f"model_type is {cfg.get('model_type')!r}, not {HF_MODEL_TYPE!r}",
                             "point the source at an RWKV-6 (x060) checkpoint")
-
-    def whole(key: str, default: object = _REQUIRED) -> int:
-        if key not in cfg and default is _REQUIRED:
-            raise PipelineError(where, f"missing key {key!r}", fix)
-        value = cfg.get(key)
-        if value is None and default is not _REQUIRED:
-            value = default
-        integral = type(value) is int or (type(value) is float and value.is_integer())
-        if not integral or value <= 0:
-            raise PipelineError(where, f"{key} must be a positive integer, got {json.dumps(value)}",
-                                f"fix {key} in config.json")
-        return int(value)
-
-    hidden = whole("hidden_size")
-    eps = cfg.get("layer_norm_epsilon", 1e-5)
-    if type(eps) not in (int, float) or not 0 < eps < float("inf"):
-        raise PipelineError(where, f"layer_norm_epsilon must be a positive number, got {json.dumps(eps)}",
-                            "fix layer_norm_epsilon in config.json")
-    head = whole("head_size", 64)
-    if whole("attention_hidden_size", hidden) != hidden:
+    hidden = r.whole("hidden_size")
+    eps = r.number("layer_norm_epsilon", default=1e-5)
+    head = r.whole("head_size", default=64)
+    if r.whole("attention_hidden_size", default=hidden) != hidden:
         raise PipelineError(where, f"attention_hidden_size {cfg['attention_hidden_size']} differs from hidden_size "
                             f"{hidden}", "only RWKV-6 models with attention_hidden_size == hidden_size are supported")
-    divisor = whole("head_size_divisor", 8)
+    divisor = r.whole("head_size_divisor", default=8)
     if divisor * divisor != head:
         # ln_x eps is 1e-5 * divisor**2 in the HF code and norm_eps * head_dim here: they agree only then
         raise PipelineError(where, f"head_size_divisor {divisor} gives ln_x eps 1e-5*{divisor}^2, not head_size*1e-5",
                             "only head_size_divisor**2 == head_size (8 for head size 64) is supported")
     default_ffn = int((hidden * 3.5) // 32 * 32)
     return Geometry(
-        layers=whole("num_hidden_layers"), hidden=hidden, ffn=whole("intermediate_size", default_ffn),
-        vocab=whole("vocab_size"), head_dim=head,
-        mix_lora=whole("time_mix_extra_dim", 64 if hidden == 4096 else 32),
-        decay_lora=whole("time_decay_extra_dim", 128 if hidden == 4096 else 64),
-        norm_eps=float(eps),
+        layers=r.whole("num_hidden_layers"), hidden=hidden, ffn=r.whole("intermediate_size", default=default_ffn),
+        vocab=r.whole("vocab_size"), head_dim=head,
+        mix_lora=r.whole("time_mix_extra_dim", default=64 if hidden == 4096 else 32),
+        decay_lora=r.whole("time_decay_extra_dim", default=128 if hidden == 4096 else 64),
+        norm_eps=eps,
     ).check(where)
 
 

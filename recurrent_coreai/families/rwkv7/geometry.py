@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Mapping
 
 from recurrent_coreai.families import base
+from recurrent_coreai.families.hparams import HParams
 from recurrent_coreai.util.errors import PipelineError
 
 MIXERS = ("r", "w", "k", "v", "a", "g")  # order of the packed attn.x_x rows
 LORAS = {"w": "decay", "a": "a", "v": "v", "g": "gate"}
-_REQUIRED = object()
-
-
-def _json_type(value: object) -> str:
-    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), type(value).__name__)
 
 
 @dataclass(frozen=True)
@@ -52,50 +47,26 @@ class Geometry(base.Geometry):
     # --- Hugging Face config.json -------------------------------------------------
     @classmethod
     def from_hf_config(cls, cfg: Mapping, where: str | Path = "config.json") -> "Geometry":
-        if not isinstance(cfg, Mapping):
-            raise PipelineError(where, f"is a JSON {_json_type(cfg)}, not an object",
-                                "use the config.json of an fla/HF RWKV-7 checkpoint")
+        r = HParams(cfg, where, "use the config.json of an fla/HF RWKV-7 checkpoint")
         if cfg.get("model_type") != "rwkv7":
             raise PipelineError(where, f"model_type is {cfg.get('model_type')!r}, not 'rwkv7'",
                                 "point the source at an RWKV-7 (x070) checkpoint")
-
-        def value_of(key: str, default: object) -> object:
-            if key not in cfg and default is _REQUIRED:
-                raise PipelineError(where, f"missing key {key!r}", "use the config.json of an fla/HF RWKV-7 checkpoint")
-            value = cfg.get(key)
-            return default if value is None and default is not _REQUIRED else value
-
-        def whole(key: str, default: object = _REQUIRED) -> int:
-            value = value_of(key, default)
-            integral = type(value) is int or (type(value) is float and value.is_integer())
-            if not integral or value <= 0:
-                raise PipelineError(where, f"{key} must be a positive integer, got {json.dumps(value)}",
-                                    f"fix {key} in config.json")
-            return int(value)
-
-        def positive(key: str, default: float) -> float:
-            value = value_of(key, default)
-            if type(value) not in (int, float) or not 0 < value < float("inf"):
-                raise PipelineError(where, f"{key} must be a positive number, got {json.dumps(value)}",
-                                    f"fix {key} in config.json")
-            return float(value)
-
-        hidden = whole("hidden_size")
-        if cfg.get("intermediate_size") is None:  # fla derives it from hidden_ratio
-            ffn = int(hidden * positive("hidden_ratio", 4.0))
-        else:
-            ffn = whole("intermediate_size")
+        hidden = r.whole("hidden_size")
+        if r.has("intermediate_size"):
+            ffn = r.whole("intermediate_size")
+        else:  # fla derives it from hidden_ratio
+            ffn = int(hidden * r.number("hidden_ratio", default=4.0))
         return cls(
-            layers=whole("num_hidden_layers"),
+            layers=r.whole("num_hidden_layers"),
             hidden=hidden,
-            head_dim=whole("head_dim", 64),
+            head_dim=r.whole("head_dim", default=64),
             ffn=ffn,
-            vocab=whole("vocab_size"),
-            decay_lora=whole("decay_low_rank_dim"),
-            a_lora=whole("a_low_rank_dim"),
-            v_lora=whole("v_low_rank_dim"),
-            gate_lora=whole("gate_low_rank_dim"),
-            norm_eps=positive("norm_eps", 1e-5),
+            vocab=r.whole("vocab_size"),
+            decay_lora=r.whole("decay_low_rank_dim"),
+            a_lora=r.whole("a_low_rank_dim"),
+            v_lora=r.whole("v_low_rank_dim"),
+            gate_lora=r.whole("gate_low_rank_dim"),
+            norm_eps=r.number("norm_eps", default=1e-5),
         ).check(where)
 
     def to_hf_config(self) -> dict:

@@ -18,6 +18,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from recurrent_coreai.families import draws
 from recurrent_coreai.families.rwkv7 import blinkdl
 from recurrent_coreai.families.rwkv7.geometry import MIXERS, Geometry, expected_shapes
 from recurrent_coreai.util.progress import Progress
@@ -26,72 +27,56 @@ from recurrent_coreai.util.safetensors_stream import NORMAL_METADATA, WEIGHT_FIL
 LM_HEAD_GAIN = 3.0      # base logit std
 LM_HEAD_ROW_SPREAD = 0.4  # log-normal spread of lm_head row norms: a few tokens stand out,
                           # so top-2 margins are mostly far above fp16 noise (peaked logits)
-RANDN_CHUNK = 1 << 20  # float64 normals drawn per call (8 MB; a multiple of 16: see chunked_normal)
+RANDN_CHUNK = draws.RANDN_CHUNK  # normal values drawn per call (families/draws.py)
 ROW_CHUNK = 512        # lm_head rows rescaled at a time (float64 temporaries of 512 x hidden)
 
 
 def chunked_normal(shape: tuple[int, ...], std: float, gen: torch.Generator) -> torch.Tensor:
-    """``torch.randn(shape, dtype=float64, generator=gen).mul(std).float()``, the same values and
-    the same generator state after, but drawn RANDN_CHUNK values at a time: no float64 copy of a
-    whole 65536 x 2048 weight (1 GB). Torch's CPU sampler turns uniforms into normals in blocks of
-    16 consecutive values and redraws the last 16 of a call whose size is not a multiple of 16, so
-    calls of a multiple of 16 values followed by one of at least 16 draw exactly what one call
-    draws (tests/test_synthetic.py checks it against the one-call form)."""
-    out = torch.empty(shape, dtype=torch.float32)
-    flat, at = out.view(-1), 0
-    while at < flat.numel():
-        n = flat.numel() - at if flat.numel() - at < 2 * RANDN_CHUNK else RANDN_CHUNK
-        flat[at:at + n] = torch.randn(n, generator=gen, dtype=torch.float64).mul_(std)  # the cast of .float()
-        at += n
-    return out
+    """:func:`recurrent_coreai.families.draws.chunked_normal` in float64, cast to float32, RANDN_CHUNK
+    values per call (tests/test_synthetic.py checks it against the one-call form)."""
+    return draws.chunked_normal(shape, std, gen, chunk=RANDN_CHUNK)
 
 
-def _init(name: str, shape: tuple[int, ...], g: Geometry, gen: torch.Generator) -> torch.Tensor:
-    def normal(std: float) -> torch.Tensor:
-        return chunked_normal(shape, std, gen)
-
-    def uniform(lo: float, hi: float) -> torch.Tensor:
-        return (torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo).float()
-
+def _init(name: str, shape: tuple[int, ...], g: Geometry, d: draws.Draws) -> torch.Tensor:
     leaf = name.split(".", 3)[-1]
     if "norm" in name:  # pre/attn/ffn/g_norm and model.norm: weight 1, bias 0
         return torch.ones(shape) if name.endswith("weight") else torch.zeros(shape)
     if name == "model.embeddings.weight":
-        return normal(1.0)
+        return d.normal(shape, 1.0)
     if name == "lm_head.weight":
-        rows = torch.exp(torch.randn((shape[0], 1), generator=gen, dtype=torch.float64) * LM_HEAD_ROW_SPREAD)
-        w = normal(LM_HEAD_GAIN / math.sqrt(g.hidden))
+        rows = torch.exp(d.normal((shape[0], 1), LM_HEAD_ROW_SPREAD, exact=True))
+        w = d.normal(shape, LM_HEAD_GAIN / math.sqrt(g.hidden))
         for at in range(0, shape[0], ROW_CHUNK):  # (w.double() * rows).float(), in row slices
             w[at:at + ROW_CHUNK] = w[at:at + ROW_CHUNK].double() * rows[at:at + ROW_CHUNK]
         return w
     if ".attn.x_" in name or name.endswith("ffn.x_k"):
-        return uniform(0.0, 1.0)
+        return d.uniform(shape, 0.0, 1.0)
     if name.endswith("attn.k_k"):
-        return uniform(0.7, 1.0)
+        return d.uniform(shape, 0.7, 1.0)
     if name.endswith("attn.k_a"):
-        return uniform(0.8, 1.2)
+        return d.uniform(shape, 0.8, 1.2)
     if name.endswith("attn.r_k"):
-        return normal(0.2)
+        return d.normal(shape, 0.2)
     if "_lora.lora.2.bias" in name:
         lo, hi = {"w": (-4.0, 2.0), "a": (-1.0, 1.0), "v": (-1.0, 1.0)}[leaf.split(".")[1][0]]
-        return uniform(lo, hi)
+        return d.uniform(shape, lo, hi)
     if "_lora.lora." in name:
-        return normal(0.5 / math.sqrt(shape[1]))
+        return d.normal(shape, 0.5 / math.sqrt(shape[1]))
     if name.endswith("o_proj.weight"):
-        return normal(0.5 / math.sqrt(shape[1]))
+        return d.normal(shape, 0.5 / math.sqrt(shape[1]))
     if name.endswith("ffn.value.weight"):
-        return normal(0.5 / math.sqrt(shape[1]))
-    return normal(1.0 / math.sqrt(shape[1]))  # r/k/v projections, ffn.key
+        return d.normal(shape, 0.5 / math.sqrt(shape[1]))
+    return d.normal(shape, 1.0 / math.sqrt(shape[1]))  # r/k/v projections, ffn.key
 
 
 def synthetic_tensors(g: Geometry, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) in expected_shapes order, one at a time. One generator draws them all in this
     order: a tensor's values depend on every tensor before it."""
-    gen = torch.Generator().manual_seed(int(seed))
+    d = draws.Draws(seed)
     shapes = expected_shapes(g)
     with Progress("synthesising weights", total=sum(math.prod(s) for s in shapes.values()), unit="params") as bar:
         for name, shape in shapes.items():
-            yield name, _init(name, shape, g, gen).contiguous()
+            yield name, _init(name, shape, g, d).contiguous()
             bar.update(math.prod(shape))
 
 
