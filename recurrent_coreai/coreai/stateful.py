@@ -13,23 +13,29 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping
 import torch
 from torch import nn
 
+# Tokens per prefill call when none is named: the one default (config.yaml's prefill.chunk is the
+# setting every stage passes; each family's build_prefill and stages/export.py default to this).
+PREFILL_CHUNK = 64
+
 Weights = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 Parts = Callable[[str, torch.Tensor], list[tuple[str, torch.Tensor]]]
 
 
 class Decode(nn.Module):
     """A decode module: ``g`` (the geometry), ``parts`` (its top-level submodules, registered in
-    that order: they name the parameters) and ``states`` (name -> shape: zero buffers, registered
-    after the parts), everything in ``dtype``. A subclass writes ``forward``; each state gets ONE
-    write per call."""
+    that order: they name the parameters) and ``states`` (zero buffers, registered after the
+    parts, in the order given: the family's state specs -- anything with ``.name`` and ``.shape``,
+    such as ``families.base.StateSpec`` -- or a mapping name -> shape), everything in ``dtype``.
+    A subclass writes ``forward``; each state gets ONE write per call."""
 
     def __init__(self, g: Any, dtype: torch.dtype, parts: Mapping[str, nn.Module],
-                 states: Mapping[str, tuple[int, ...]]):
+                 states: Mapping[str, tuple[int, ...]] | Iterable[Any]):
         super().__init__()
         self.g = g
         for name, part in parts.items():
             self.add_module(name, part)
-        for name, shape in states.items():
+        pairs = states.items() if isinstance(states, Mapping) else ((s.name, s.shape) for s in states)
+        for name, shape in pairs:
             self.register_buffer(name, torch.zeros(shape, dtype=dtype))
         self.to(dtype)
 

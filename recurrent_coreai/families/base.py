@@ -270,9 +270,11 @@ class Family(abc.ABC):
         of the family's ``reference`` module."""
         return self._own("reference", "Reference")(weights, geom, dtype)
 
-    @abc.abstractmethod
     def state_specs(self, geom: Geometry) -> list[StateSpec]:
-        """The bundle's states, in the order the export modules register them."""
+        """The bundle's states, in the order the export modules register them: by default the
+        family's ``geometry.state_specs``, which its decode module builds its buffers from (the
+        shapes are stated once)."""
+        return self._own("geometry", "state_specs")(geom)
 
     def build_decode(self, weights: Mapping[str, Any] | Iterable[tuple[str, Any]], geom: Geometry, dtype: Any,
                      each_linear: EachLinear | None = None) -> Any:

@@ -26,6 +26,7 @@ from recurrent_coreai.checkpoints.reader import stream_checkpoint
 from recurrent_coreai.coreai import quantize, toolchain
 from recurrent_coreai.coreai.convert import check_quantized, convert, map_large_allocations, trim_heap
 from recurrent_coreai.coreai.entrypoints import DECODE, by_role
+from recurrent_coreai.coreai.stateful import PREFILL_CHUNK  # the default; config.yaml's prefill.chunk is the setting
 from recurrent_coreai.pipeline import stage
 from recurrent_coreai.pipeline.paths import bundle_name
 from recurrent_coreai.pipeline.records import EXPORT, write_sealed
@@ -34,7 +35,6 @@ from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import atomic_path, tree_manifest
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
-PREFILL_CHUNK = 64  # tokens per prefill call by default (config: prefill.chunk)
 # Above this many parameters the decode-only conversion behind size_bytes_decode_only (a second
 # conversion: twice the time and a second copy of the weights) is skipped; it is recorded as null.
 DECODE_ONLY_MAX_PARAMS = 50_000_000

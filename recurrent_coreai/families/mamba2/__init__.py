@@ -77,16 +77,6 @@ class Mamba2Family(base.Family):
             raise TypeError("Mamba-2 write_layout needs geom= (n_groups and norm_eps are not in the tensor shapes)")
         return _layouts.write_layout(sd, out_dir, layout, geom)
 
-    # --- math ----------------------------------------------------------------------------
-    def state_specs(self, geom: Geometry) -> list[base.StateSpec]:
-        g = geom
-        return [
-            base.StateSpec("convState", (g.layers, 1, g.conv_dim, g.conv_kernel),
-                           "per layer: the last conv_kernel inputs of the depthwise conv (x|B|C channels), newest last"),
-            base.StateSpec("ssmState", (g.layers, 1, g.heads, g.headdim, g.d_state),
-                           "per layer and head: the SSM state, headdim x d_state"),
-        ]
-
     # --- card ----------------------------------------------------------------------------
     def card_rows(self, geom: Geometry) -> list[tuple[str, str]]:
         g = geom

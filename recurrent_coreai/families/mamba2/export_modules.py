@@ -31,10 +31,9 @@ from torch import nn
 from recurrent_coreai.coreai import stateful
 from recurrent_coreai.coreai.layers import linear, wide
 from recurrent_coreai.families.mamba2 import ssd
-from recurrent_coreai.families.mamba2.geometry import Geometry
+from recurrent_coreai.families.mamba2.geometry import STATE_NAMES  # noqa: F401 - the buffers' names, for tests
+from recurrent_coreai.families.mamba2.geometry import Geometry, state_specs
 
-STATE_NAMES = ("convState", "ssmState")
-PREFILL_CHUNK = 64
 # The chunk form's exponents are all <= 0 (see ssd.py), so its length is bounded by the [H,T,T]
 # intermediates, not by range; verified exact up to this length (tests/families/test_mamba2_export.py).
 MAX_CHUNK = 256
@@ -156,8 +155,7 @@ class Mamba2Decode(stateful.Decode):
 
     def __init__(self, g: Geometry, dtype: torch.dtype = torch.float32):
         super().__init__(g, dtype, {"backbone": Backbone(g), "lm_head": nn.Linear(g.hidden, g.vocab, bias=False)},
-                         {"convState": (g.layers, 1, g.conv_dim, g.conv_kernel),
-                          "ssmState": (g.layers, 1, g.heads, g.headdim, g.d_state)})
+                         state_specs(g))
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         del position_ids  # Mamba has no positions; kept as an input for engine parity
@@ -175,7 +173,7 @@ class Mamba2Prefill(stateful.Prefill):
         return run(self, input_ids, self.chunk)
 
 
-def build_prefill(decode: Mamba2Decode, chunk: int = PREFILL_CHUNK) -> Mamba2Prefill:
+def build_prefill(decode: Mamba2Decode, chunk: int = stateful.PREFILL_CHUNK) -> Mamba2Prefill:
     return Mamba2Prefill(decode, chunk).eval()
 
 

@@ -235,6 +235,21 @@ def mamba_ssm_config(g: Geometry) -> dict:
     }
 
 
+STATE_NAMES = ("convState", "ssmState")  # the buffers every function reads and writes once
+
+
+def state_specs(g: Geometry) -> list[base.StateSpec]:
+    """The bundle's states, in registration order: the decode module (export_modules) builds its
+    buffers from these."""
+    conv, ssm = STATE_NAMES
+    return [
+        base.StateSpec(conv, (g.layers, 1, g.conv_dim, g.conv_kernel),
+                       "per layer: the last conv_kernel inputs of the depthwise conv (x|B|C channels), newest last"),
+        base.StateSpec(ssm, (g.layers, 1, g.heads, g.headdim, g.d_state),
+                       "per layer and head: the SSM state, headdim x d_state"),
+    ]
+
+
 def normal_shapes(g: Geometry) -> dict[str, tuple[int, ...]]:
     """The normal form (transformers names, lm_head always present), in file order."""
     C, I, H = g.hidden, g.intermediate, g.heads

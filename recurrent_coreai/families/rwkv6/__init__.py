@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
-from recurrent_coreai.families.base import Family, StateSpec
+from recurrent_coreai.families.base import Family
 from recurrent_coreai.families.rwkv6 import geometry as _geometry
 from recurrent_coreai.families.rwkv6 import layouts as _layouts
 from recurrent_coreai.families.rwkv6.geometry import Geometry
@@ -84,15 +84,6 @@ class Rwkv6Family(Family):
 
     def write_layout(self, sd: Mapping[str, Any], out_dir: Path, layout: str, geom: Geometry | None = None) -> Path:
         return _layouts.write_layout(sd, out_dir, layout)
-
-    # --- math -----------------------------------------------------------------------------
-    def state_specs(self, geom: Geometry) -> list[StateSpec]:
-        L, H, N, C = geom.layers, geom.heads, geom.head_dim, geom.hidden
-        return [
-            StateSpec("recState", (L, 1, H, N, N), "[layer, batch, head, key, value]: the WKV matrix state per head"),
-            StateSpec("shiftState", (L, 1, 2, C), "[layer, batch, slot, channel]: previous token's LN1 output "
-                      "(slot 0, time mix) and LN2 output (slot 1, channel mix)"),
-        ]
 
     # --- card -----------------------------------------------------------------------------
     def card_rows(self, geom: Geometry) -> list[tuple[str, str]]:

@@ -35,13 +35,12 @@ from torch import nn
 from recurrent_coreai.coreai import stateful
 from recurrent_coreai.coreai.layers import last_row, linear, token_shift, wide
 from recurrent_coreai.families.rwkv6 import chunked
-from recurrent_coreai.families.rwkv6.geometry import ATT_LINEARS, MAA, MIX, Geometry
+from recurrent_coreai.families.rwkv6.geometry import STATE_NAMES  # noqa: F401 - the buffers' names, for tests
+from recurrent_coreai.families.rwkv6.geometry import ATT_LINEARS, MAA, MIX, Geometry, state_specs
 
-PREFILL_CHUNK = 64
 RESCALE_EVERY = 6     # fp16 only: x halved after every 6th block, output/value of layer i divided by 2**(i//6)
 RESCALED = ("attention.output.weight", "feed_forward.value.weight")
 WIDE_PARAMS = ("time_decay", "time_faaaa")   # kept in fp32 (at least) in every graph
-STATE_NAMES = ("recState", "shiftState")
 
 
 class Attention(nn.Module):
@@ -155,7 +154,7 @@ class Rwkv6Decode(stateful.Decode):
             raise ValueError(f"the fp16 rescale (rescale_every={rescale_every}) applies to fp16 only, not {dtype}: "
                              "elsewhere LayerNorm's eps makes it inexact and the range needs none")
         super().__init__(g, dtype, {"rwkv": Backbone(g), "head": nn.Linear(g.hidden, g.vocab, bias=False)},
-                         {"recState": (g.layers, 1, g.heads, g.head_dim, g.head_dim), "shiftState": (g.layers, 1, 2, g.hidden)})
+                         state_specs(g))
         self.rescale_every = int(rescale_every)
         for block in self.rwkv.blocks:
             for name in WIDE_PARAMS:
@@ -184,7 +183,7 @@ class Rwkv6Prefill(stateful.Prefill):
         return linear(self.head, self.rwkv.ln_out(x[-1:])).reshape(1, 1, self.g.vocab)
 
 
-def build_prefill(decode: Rwkv6Decode, chunk: int = PREFILL_CHUNK) -> Rwkv6Prefill:
+def build_prefill(decode: Rwkv6Decode, chunk: int = stateful.PREFILL_CHUNK) -> Rwkv6Prefill:
     return Rwkv6Prefill(decode, chunk).eval()
 
 

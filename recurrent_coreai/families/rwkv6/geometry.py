@@ -96,6 +96,21 @@ def normal_shapes(g: Geometry) -> dict[str, tuple[int, ...]]:
     return s
 
 
+STATE_NAMES = ("recState", "shiftState")  # the buffers every function reads and writes once
+
+
+def state_specs(g: Geometry) -> list[base.StateSpec]:
+    """The bundle's states, in registration order: the decode module (export_modules) builds its
+    buffers from these."""
+    L, H, N, C = g.layers, g.heads, g.head_dim, g.hidden
+    rec, shift = STATE_NAMES
+    return [
+        base.StateSpec(rec, (L, 1, H, N, N), "[layer, batch, head, key, value]: the WKV matrix state per head"),
+        base.StateSpec(shift, (L, 1, 2, C), "[layer, batch, slot, channel]: previous token's LN1 output "
+                       "(slot 0, time mix) and LN2 output (slot 1, channel mix)"),
+    ]
+
+
 def parameter_count(g: Geometry) -> int:
     return sum(math.prod(v) for v in normal_shapes(g).values())
 

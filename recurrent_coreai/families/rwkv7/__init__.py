@@ -93,16 +93,6 @@ class Rwkv7Family(base.Family):
             (Path(out_dir) / "config.json").write_text(json.dumps(self.config_json(geom), indent=2, sort_keys=True) + "\n")
         return path
 
-    # --- math -----------------------------------------------------------------------------
-    def state_specs(self, geom: Geometry) -> list[base.StateSpec]:
-        L, H, N, C = geom.layers, geom.heads, geom.head_dim, geom.hidden
-        return [base.StateSpec("recState", (L, 1, H, N, N),
-                               "[layers, batch, heads, K, V]: per layer and head, the K x V recurrent matrix "
-                               "(fla orientation)"),
-                base.StateSpec("shiftState", (L, 1, 2, C),
-                               "[layers, batch, 2, hidden]: per layer, slot 0 = previous token for time-mix, "
-                               "slot 1 = for channel-mix")]
-
     # --- card -----------------------------------------------------------------------------
     def card_rows(self, geom: Geometry) -> list[tuple[str, str]]:
         return [("layers", str(geom.layers)), ("hidden size", str(geom.hidden)),

@@ -12,12 +12,12 @@ Rules that the device delegates taught the shipped port, kept here:
   fp16): the linears (:func:`linear`) as 1x1 convolutions in fp16 graphs, the decode recurrence
   in fp32 whatever the state's dtype; weights are used as stored (never transposed per call).
 
-Prefill (:class:`RWKV7Prefill`): ``input_ids`` [1,T] int32 (T static,
-``PREFILL_CHUNK`` by default), ``position_ids`` [1,T] (unused), returns the logits of the LAST
-position [1,1,V]; reads and writes the same two states, once each. It is built over the decode
-module's own submodules (same parameter names, so weights are stored once in a bundle holding both
-functions, and a quantised decode module gives a quantised prefill). The bundle's function
-names and roles are the rows of :data:`.entrypoints.ENTRY_POINTS`.
+Prefill (:class:`RWKV7Prefill`): ``input_ids`` [1,T] int32 (T static, ``coreai.stateful.PREFILL_CHUNK``
+by default), ``position_ids`` [1,T] (unused), returns the logits of the LAST position [1,1,V];
+reads and writes the same two states, once each. It is built over the decode module's own
+submodules (same parameter names, so weights are stored once in a bundle holding both functions,
+and a quantised decode module gives a quantised prefill). The bundle's function names and roles
+are the rows of :data:`.entrypoints.ENTRY_POINTS`.
 
 The per-layer math lives in ONE function, :meth:`Block.step`, over explicit state slices and T
 tokens: token shift, projections, LoRAs, norms and FFN are shared; only the WKV differs — the
@@ -36,11 +36,10 @@ from torch import nn
 from recurrent_coreai.coreai import stateful
 from recurrent_coreai.coreai.layers import last_row, linear, token_shift, wide
 from recurrent_coreai.families.rwkv7 import chunked
-from recurrent_coreai.families.rwkv7.geometry import MIXERS, Geometry
+from recurrent_coreai.families.rwkv7.geometry import STATE_NAMES  # noqa: F401 - the buffers' names, for tests
+from recurrent_coreai.families.rwkv7.geometry import MIXERS, Geometry, state_specs
 
 NEG_EXP_HALF = -math.exp(-0.5)
-STATE_NAMES = ("recState", "shiftState")  # the buffers every function reads and writes once
-PREFILL_CHUNK = 64  # tokens per prefill call (static); a prompt's tail shorter than it goes through decode
 
 
 class LoRA(nn.Module):
@@ -174,7 +173,7 @@ class RWKV7Decode(stateful.Decode):
 
     def __init__(self, g: Geometry, dtype: torch.dtype = torch.float32):
         super().__init__(g, dtype, {"model": Backbone(g), "lm_head": nn.Linear(g.hidden, g.vocab, bias=False)},
-                         {"recState": (g.layers, 1, g.heads, g.head_dim, g.head_dim), "shiftState": (g.layers, 1, 2, g.hidden)})
+                         state_specs(g))
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         del position_ids  # RWKV has no positions; kept as an input for engine parity
@@ -201,7 +200,7 @@ class RWKV7Prefill(stateful.Prefill):
         return logits.reshape(1, 1, self.g.vocab)
 
 
-def build_prefill(decode: RWKV7Decode, chunk: int = PREFILL_CHUNK) -> RWKV7Prefill:
+def build_prefill(decode: RWKV7Decode, chunk: int = stateful.PREFILL_CHUNK) -> RWKV7Prefill:
     """The prefill module over ``decode``'s parameters and states (build or quantise decode first)."""
     return RWKV7Prefill(decode, chunk).eval()
 

@@ -105,6 +105,22 @@ class Geometry(base.Geometry):
         return asdict(self)
 
 
+STATE_NAMES = ("recState", "shiftState")  # the buffers every function reads and writes once
+
+
+def state_specs(g: Geometry) -> list[base.StateSpec]:
+    """The bundle's states, in registration order: the decode module (export_graph) builds its
+    buffers from these."""
+    L, H, N, C = g.layers, g.heads, g.head_dim, g.hidden
+    rec, shift = STATE_NAMES
+    return [base.StateSpec(rec, (L, 1, H, N, N),
+                           "[layers, batch, heads, K, V]: per layer and head, the K x V recurrent matrix "
+                           "(fla orientation)"),
+            base.StateSpec(shift, (L, 1, 2, C),
+                           "[layers, batch, 2, hidden]: per layer, slot 0 = previous token for time-mix, "
+                           "slot 1 = for channel-mix")]
+
+
 def expected_shapes(g: Geometry) -> dict[str, tuple[int, ...]]:
     """Every tensor of the split-mixer fla layout, name -> shape."""
     C, H, N, F = g.hidden, g.heads, g.head_dim, g.ffn
