@@ -16,8 +16,9 @@ The rules of families/rwkv7/export_graph.py, kept here:
   (:func:`~recurrent_coreai.coreai.layers.wide`), whatever the recipe dtype; the residual stream
   is kept in that wide dtype too (transformers' ``residual_in_fp32``);
 * the per-layer math is ONE function (:meth:`Block.step`) over T tokens: only the SSM differs, the
-  recurrence for T = 1 and the SSD chunk form (:mod:`.ssd`) for T > 1. The conv window is the
-  state's last K−1 inputs followed by the chunk; the new state is the window's last K rows.
+  recurrence for T = 1 and the SSD chunk form (:mod:`.ssd`) for T > 1. The conv is
+  :func:`~recurrent_coreai.coreai.layers.short_conv`: the window is the state's last K−1 inputs
+  followed by the chunk; the new state is the window's last K rows.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from recurrent_coreai.coreai import stateful
-from recurrent_coreai.coreai.layers import linear, wide
+from recurrent_coreai.coreai.layers import linear, short_conv, wide
 from recurrent_coreai.families.mamba2 import ssd
 from recurrent_coreai.families.mamba2.geometry import STATE_NAMES  # noqa: F401 - the buffers' names, for tests
 from recurrent_coreai.families.mamba2.geometry import Geometry, state_specs
@@ -91,17 +92,12 @@ class Block(nn.Module):
         [conv_dim,K] and the new S, both in the states' dtype."""
         g, m = self.g, self.mixer
         T = x.shape[0]
-        I, H, P, N, G, K = g.intermediate, g.heads, g.headdim, g.d_state, g.n_groups, g.conv_kernel
+        I, H, P, N, G = g.intermediate, g.heads, g.headdim, g.d_state, g.n_groups
         dtype, wd = S.dtype, x.dtype      # the recipe's dtype (states are held in it) and the wide one
         h = (_rms(x, g.norm_eps) * self.norm.weight.to(wd)).to(dtype)
         zxbcdt = linear(m.in_proj, h)                                           # [T, 2I+2GN+H]
         z, xbc, dt = zxbcdt[:, :I], zxbcdt[:, I:I + g.conv_dim], zxbcdt[:, I + g.conv_dim:]
-        seq = torch.cat([conv_prev[:, 1:].transpose(0, 1).to(wd), xbc.to(wd)], dim=0)   # [K-1+T, conv_dim]
-        w = m.conv1d.weight.to(wd)
-        conv = m.conv1d.bias.to(wd) + seq[0:T] * w[:, 0, 0]
-        for k in range(1, K):
-            conv = conv + seq[k:k + T] * w[:, 0, k]
-        conv_new = seq[T - 1:].transpose(0, 1)                                 # the last K inputs, newest last
+        conv, conv_new = short_conv(conv_prev, xbc, m.conv1d.weight, m.conv1d.bias, wd)  # conv_new: the last K inputs
         xbc = F.silu(conv)
         xs = xbc[:, :I].reshape(T, H, P)
         B = xbc[:, I:I + G * N].reshape(T, G, N).transpose(0, 1)              # [G,T,N]
