@@ -19,12 +19,6 @@ from recurrent_coreai.families.gdn.geometry import Geometry
 
 _LAYER = r"model\.layers\.\d+\."
 
-STATE_MEANINGS = {
-    "convQState": "per layer: the last conv_size inputs of the q short conv (key_dim channels), newest last",
-    "convKState": "per layer: the last conv_size inputs of the k short conv (key_dim channels), newest last",
-    "convVState": "per layer: the last conv_size inputs of the v short conv (value_dim channels), newest last",
-    "recurrentState": "per layer and value head: the delta-rule state S, head_dim (key) x head_v_dim (value)",
-}
 
 
 class GatedDeltaNetFamily(base.Family):
@@ -82,10 +76,6 @@ class GatedDeltaNetFamily(base.Family):
         if geom is None:
             raise TypeError("Gated DeltaNet write_layout needs geom= (norm_eps, allow_neg_eigval are not in the shapes)")
         return _layouts.write_layout(sd, out_dir, layout, geom)
-
-    # --- math ----------------------------------------------------------------------------
-    def state_specs(self, geom: Geometry) -> list[base.StateSpec]:
-        return [base.StateSpec(name, shape, STATE_MEANINGS[name]) for name, shape in _export.state_shapes(geom).items()]
 
     # --- card ----------------------------------------------------------------------------
     def card_rows(self, geom: Geometry) -> list[tuple[str, str]]:

@@ -29,9 +29,8 @@ from torch import nn
 from recurrent_coreai.coreai import stateful
 from recurrent_coreai.coreai.layers import linear, short_conv, wide
 from recurrent_coreai.families.gdn import recurrence as rec
-from recurrent_coreai.families.gdn.geometry import Geometry
+from recurrent_coreai.families.gdn.geometry import STATE_NAMES, Geometry, state_specs
 
-PREFILL_CHUNK = 64
 # The chunk form's exponents are all <= 0 and (I + A)^-1 is a product of log2(T) matrices: verified
 # exact up to this length (tests/families/test_gdn_export.py).
 MAX_CHUNK = 128
@@ -137,21 +136,13 @@ class Model(nn.Module):
         self.norm = RMSNorm(g.hidden)
 
 
-def state_shapes(g: Geometry) -> dict[str, tuple[int, ...]]:
-    """The four states, name -> shape (batch axis 1 included), in registration order: stated once here."""
-    return {"convQState": (g.layers, 1, g.key_dim, g.conv_size),
-            "convKState": (g.layers, 1, g.key_dim, g.conv_size),
-            "convVState": (g.layers, 1, g.value_dim, g.conv_size),
-            "recurrentState": (g.layers, 1, g.hv, g.head_dim, g.head_v_dim)}
-
-
 def run(m: nn.Module, input_ids: torch.Tensor, T: int) -> torch.Tensor:
     """Logits [1,1,V] of the last of T tokens; each state written ONCE, at the end."""
     g = m.g
     dtype = m.recurrentState.dtype
     wd = wide(dtype)
     x = m.model.embeddings(input_ids.reshape(T).to(torch.int64)).to(wd)
-    new: dict[str, list[torch.Tensor]] = {n: [] for n in state_shapes(g)}
+    new: dict[str, list[torch.Tensor]] = {n: [] for n in STATE_NAMES}
     for i, block in enumerate(m.model.layers):
         x, cq, ck, cv, S = block.step(x, m.convQState[i, 0], m.convKState[i, 0], m.convVState[i, 0],
                                       m.recurrentState[i, 0])
@@ -169,7 +160,7 @@ class GDNDecode(stateful.Decode):
 
     def __init__(self, g: Geometry, dtype: torch.dtype = torch.float32):
         super().__init__(g, dtype, {"model": Model(g), "lm_head": nn.Linear(g.hidden, g.vocab, bias=False)},
-                         state_shapes(g))
+                         state_specs(g))
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         del position_ids  # no positions in a recurrence; kept as an input for engine parity
@@ -186,7 +177,7 @@ class GDNPrefill(stateful.Prefill):
         return run(self, input_ids, self.chunk)
 
 
-def build_prefill(decode: GDNDecode, chunk: int = PREFILL_CHUNK) -> GDNPrefill:
+def build_prefill(decode: GDNDecode, chunk: int = stateful.PREFILL_CHUNK) -> GDNPrefill:
     return GDNPrefill(decode, chunk).eval()
 
 

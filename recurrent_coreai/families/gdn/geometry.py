@@ -214,6 +214,24 @@ def config_json(g: Geometry) -> dict:
     }
 
 
+STATE_NAMES = ("convQState", "convKState", "convVState", "recurrentState")
+
+
+def state_specs(g: Geometry) -> list[base.StateSpec]:
+    """The bundle's states, in registration order: the decode module (export_modules) builds its
+    buffers from these. The delta-rule state is [Hv, K, V] (key rows, value columns: fla's
+    naive/recurrent layout; fla >= 0.5.2's cache holds it [V, K], ``state_v_first``)."""
+    q, k, v, s = STATE_NAMES
+    window = "the last conv_size inputs of the {} short conv ({} channels), newest last"
+    return [
+        base.StateSpec(q, (g.layers, 1, g.key_dim, g.conv_size), "per layer: " + window.format("q", "key_dim")),
+        base.StateSpec(k, (g.layers, 1, g.key_dim, g.conv_size), "per layer: " + window.format("k", "key_dim")),
+        base.StateSpec(v, (g.layers, 1, g.value_dim, g.conv_size), "per layer: " + window.format("v", "value_dim")),
+        base.StateSpec(s, (g.layers, 1, g.hv, g.head_dim, g.head_v_dim),
+                       "per layer and value head: the delta-rule state S, head_dim (key) x head_v_dim (value)"),
+    ]
+
+
 def normal_shapes(g: Geometry) -> dict[str, tuple[int, ...]]:
     """The normal form (fla's GatedDeltaNetForCausalLM names, lm_head always present), in file order."""
     C, Dk, Dv, K = g.hidden, g.key_dim, g.value_dim, g.conv_size
