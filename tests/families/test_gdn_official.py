@@ -23,7 +23,7 @@ c) Copies with one piece broken (q/k L2 norm skipped, beta's sigmoid dropped, th
    flipped, the conv window shifted by one token) must each fail (b)'s comparison by a clear margin,
    in the reference and in the decode module.
 
-Known family bug, strict xfail (see CHUNK_UNSTABLE): the chunk form on correlated keys.
+The chunk form on correlated keys (a bug found here, fixed in recurrence.chunk) is kept checked.
 
 Part (a) skips, saying why, when fla's naive file cannot be loaded (fla-core==0.6.0 and einops are
 in requirements-test.txt), and FAILS instead under CI=true. Parts (b) and (c) need only the
@@ -191,13 +191,10 @@ def _correlated(neg: bool) -> dict[str, torch.Tensor]:
     return x
 
 
-# Found 2026-12-02 (tests/families/fixtures/gdn/README.md): recurrence.chunk
-# inverts (I + A) as (I - A)(I + A^2)(I + A^4)..., whose intermediate powers reach ~1e5 and more
-# while the inverse stays <= ~1.1: catastrophic cancellation on correlated keys, from 32 tokens in
-# fp32 (measured: 1e-2 at 32, 1e4 at 64 with beta < 1; 1e13 at 64 with allow_neg_eigval; fp64 too at
-# 64 with allow_neg_eigval). delta_step is exact on the same inputs. strict: remove the mark when fixed.
-CHUNK_UNSTABLE = pytest.mark.xfail(strict=True, raises=AssertionError, reason="family bug: recurrence.chunk's power-product inverse of "
-                                   "(I + A) is unstable on correlated keys (see the comment above)")
+# Found 2026-12-02 by this file: recurrence.chunk then inverted (I + A) as (I - A)(I + A^2)(I + A^4)...,
+# whose intermediate powers reach ~1e5 while the inverse stays <= ~1.1: catastrophic cancellation on
+# correlated keys from 32 tokens in fp32 (1e-2 at 32, 1e4 at 64 with beta < 1; 1e13 at 64 with
+# allow_neg_eigval). Fixed by the block-doubling inverse; these cases keep it fixed.
 
 
 @pytest.mark.parametrize("neg", [False, True], ids=["beta<1", "neg_eigval"])
@@ -208,8 +205,7 @@ def test_step_matches_fla_naive_on_correlated_keys(naive, neg):
     assert max(d.values()) <= TOL_OP * scale, d
 
 
-@pytest.mark.parametrize("neg", [pytest.param(False, id="beta<1", marks=CHUNK_UNSTABLE),
-                                 pytest.param(True, id="neg_eigval", marks=CHUNK_UNSTABLE)])
+@pytest.mark.parametrize("neg", [False, True], ids=["beta<1", "neg_eigval"])
 def test_prefill_chunk_matches_fla_naive_on_correlated_keys(naive, neg):
     """The chunk form at the export's prefill chunk, fp32 (the export's dtype for the delta rule)."""
     H, HV, K, V, _ = OP_SHAPES["gva4over2_k16_v32"]
@@ -335,11 +331,10 @@ def test_decode_module_matches_fla(fla_case):
 PREFILL_CASES = [
     pytest.param("plain_untied", stateful.PREFILL_CHUNK, id=f"plain_untied-{stateful.PREFILL_CHUNK}"),
     pytest.param("plain_untied", 96, id="plain_untied-96"),
-    # the same family bug as CHUNK_UNSTABLE, on fla's own model: measured 2.5e-4 (64) and 3.2e-2 (96)
+    # the power-product inverse (above) failed these on fla's own model: 2.5e-4 (64) and 3.2e-2 (96)
     # relative on the logits, 1.4e-3 and 0.39 absolute on the state
-    pytest.param("gva_negeig", stateful.PREFILL_CHUNK, id=f"gva_negeig-{stateful.PREFILL_CHUNK}",
-                 marks=CHUNK_UNSTABLE),
-    pytest.param("gva_negeig", 96, id="gva_negeig-96", marks=CHUNK_UNSTABLE),
+    pytest.param("gva_negeig", stateful.PREFILL_CHUNK, id=f"gva_negeig-{stateful.PREFILL_CHUNK}"),
+    pytest.param("gva_negeig", 96, id="gva_negeig-96"),
 ]
 
 

@@ -21,14 +21,18 @@ c_t = sum_{r<=t} g_r and every exponent written as a masked segment sum (<= 0: n
     O = exp(c) (Q S_0) + ((Q K^T) o exp(c_t - c_j), j <= t) U
     S_T = exp(c_T) S_0 + (K o exp(c_T - c_j))^T U
 
-(I + A)^-1 of the unit lower-triangular matrix is the finite product (I - A)(I + A^2)(I + A^4)...
-(A is nilpotent: A^T = 0), log2(T) matrix products and no triangular solve (which Core AI does not
-lower).
+(I + A)^-1 of the unit lower-triangular matrix is built by block doubling, log2(T) levels and no
+triangular solve (which Core AI does not lower): X starts as I, the inverse of the 1x1 diagonal
+blocks; at each level b = 1, 2, 4 ... the diagonal blocks of size 2b are [[L1, 0], [L21, L2]], whose
+inverse is D - D N D with D = diag(L1^-1, L2^-1) (the current X) and N = [[0, 0], [L21, 0]] (N D N = 0),
+so X <- X - X (A o M_b) X with M_b the mask of those lower-left sub-blocks. Every factor is a true
+inverse of a diagonal block (bounded), unlike the power product (I - A)(I + A^2)(I + A^4)..., whose
+powers of A reach 1e5 on correlated keys and cancel catastrophically in fp32 (found by
+tests/families/test_gdn_official.py against fla's naive rule).
 """
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 import numpy as np
@@ -84,9 +88,16 @@ def delta_step(S: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 
 @lru_cache(maxsize=None)
-def _mask_data(T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _mask_data(T: int) -> tuple[np.ndarray, ...]:
+    """strict (j < t), inclusive (j <= t), the identity, then one block-doubling mask per level
+    b = 1, 2, 4 ... < T: (t, j) in the same 2b-block, t in its lower half and j in its upper half."""
     i, s = np.arange(T).reshape(T, 1), np.arange(T).reshape(1, T)
-    return (i > s).astype(np.float64), (i >= s).astype(np.float64), np.eye(T)
+    levels = []
+    b = 1
+    while b < T:
+        levels.append(((i // (2 * b) == s // (2 * b)) & ((i // b) % 2 == 1) & ((s // b) % 2 == 0)).astype(np.float64))
+        b *= 2
+    return ((i > s).astype(np.float64), (i >= s).astype(np.float64), np.eye(T), *levels)
 
 
 def _masks(T: int, dtype: torch.dtype):
@@ -95,22 +106,26 @@ def _masks(T: int, dtype: torch.dtype):
     return tuple(torch.tensor(m, dtype=dtype) for m in _mask_data(T))
 
 
+def unit_lower_inverse(A: torch.Tensor, eye: torch.Tensor, levels) -> torch.Tensor:
+    """(I + A)^-1 for A [..., T, T] strictly lower triangular, by block doubling (module doc)."""
+    X = eye.expand(A.shape)
+    for mask in levels:
+        X = X - torch.matmul(torch.matmul(X, A * mask), X)
+    return X
+
+
 def chunk(S0: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
           b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """T tokens at once, all heads batched: S0 [Hv,K,V]; q, k [Hv,T,K] (normalised, q scaled);
     v [Hv,T,V]; g, b [Hv,T]. Returns O [Hv,T,V] and S_T [Hv,K,V], in the inputs' dtype."""
     Hv, T, _ = k.shape
-    strict, incl, eye = _masks(T, k.dtype)
+    strict, incl, eye, *levels = _masks(T, k.dtype)
     seg = torch.cumsum(g.reshape(Hv, T, 1) * strict, dim=1)           # [h,t,j] = sum_{j<r<=t} g_r (t >= j), else 0
     decay = torch.exp(seg)                                             # exp(c_t - c_j), <= 1
     c = torch.cumsum(g, dim=1)                                         # [Hv,T] inclusive
     kk = torch.matmul(k, k.transpose(-1, -2))                          # [Hv,T,T] k_t . k_j
     A = kk * decay * strict * b.reshape(Hv, T, 1)                      # strictly lower
-    inv = eye - A                                                      # (I + A)^-1 = prod (I + (-A)^(2^m))
-    power = -A
-    for _ in range(max(0, math.ceil(math.log2(T)) - 1)):
-        power = torch.matmul(power, power)
-        inv = torch.matmul(inv, eye + power)
+    inv = unit_lower_inverse(A, eye, levels)                           # (I + A)^-1
     ec = torch.exp(c).reshape(Hv, T, 1)
     rhs = (v - torch.matmul(k, S0) * ec) * b.reshape(Hv, T, 1)         # beta (v - exp(c) K S_0)
     U = torch.matmul(inv, rhs)                                         # [Hv,T,V]
