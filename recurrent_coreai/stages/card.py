@@ -154,19 +154,21 @@ def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dic
         if "prefill" not in gate:
             raise PipelineError(f"recipe {name}", "its gate result has no prefill check (made before the prefill gate)",
                                 "rerun the gate stage (snakemake --forcerun gate)")
+    loaded = tok.load(vocab_dir)   # this model's settings (eos, chat) where the kind reads them, else its constants
     return {
         "front_matter": yaml.safe_dump(front, sort_keys=True, allow_unicode=True),
         "title": f"{mcfg['dir']} for Core AI", "description": mcfg.get("description", model), "model": model,
         "source": source_manifest["source"], "g": g, "states": first["states"], "recipes": recipes,
         "family": family, "architecture_rows": family.card_rows(family.geometry_from_dict(g)),
         "state_meanings": {s.name: s.meaning for s in family.state_specs(family.geometry_from_dict(g))},
-        "tokenizer_description": tok.DESCRIPTION, "eos": tok.EOS, "chat_description": tok.CHAT_DESCRIPTION,
+        "tokenizer_description": tok.DESCRIPTION, "eos": getattr(loaded, "card_eos", tok.EOS),
+        "chat_description": getattr(loaded, "chat_description", tok.CHAT_DESCRIPTION),
         "device_files": vocab_files(vocab_dir),
         "functions": [functions[DECODE], functions[PREFILL]], "decode": functions[DECODE],
         "prefill": functions[PREFILL], "prefill_gate": next(iter(gates.values()))["prefill"],
         "targets": targets, "gate_steps": max(g.get("reference_steps", g["steps"]) for g in gates.values()),
         "n_prompts": len(next(iter(gates.values()))["prompts"]),
-        "vocab_fit": vocab_fit(family, family.geometry_from_dict(g), tok.load(vocab_dir).n_ids),
+        "vocab_fit": vocab_fit(family, family.geometry_from_dict(g), loaded.n_ids),
         "device_numbers": mcfg.get("device_numbers") or {},
         "weights_sha256": source_manifest["files"][WEIGHT_FILE]["sha256"], "normal_layout": family.layouts[0],
         "toolchain": toolchain, "build_date": date,

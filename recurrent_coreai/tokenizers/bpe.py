@@ -27,6 +27,16 @@ same format as the World kind's device file), :func:`load` (over a vocab stage o
 source stage checks it, the vocab stage copies the bytes the source manifest sealed), ``vocab_size``
 (of the synthetic tokenizer, default 1024).
 
+End of text and the prompt's first token are settings of the kind (:func:`config_tokens`): the
+``eos_token`` / ``bos_token`` of the ``tokenizer_config.json`` beside the tokenizer.json (a string or
+``{"content": ...}``), each :data:`EOS` (``<|endoftext|>``, GPT-NeoX's bos and eos) where the file
+is absent or does not set it (null); a token the file names must be in the vocabulary. A default
+missing from the vocabulary falls back to the first special token (end of text) and to end of text
+(the prompt's first token). The chat format is :data:`CHAT`, the kind's default, stated for the
+card by :func:`describe_chat`. The vocab stage copies tokenizer_config.json beside its output only
+when it sets a token other than the default (:func:`write_vocab`: a model with the defaults keeps
+the same files).
+
 Ids: the model's vocabulary and the added tokens together must be exactly ``0 .. n - 1``. An added
 token whose id would leave a gap (the ``tokenizers`` library silently renumbers it to the next free
 id) is refused: the model was trained with the id the file states.
@@ -47,13 +57,14 @@ from typing import Iterable, Iterator, Mapping
 from recurrent_coreai.tokenizers import PIN, fit, round_trip
 from recurrent_coreai.util.errors import PipelineError
 
-EOS = "<|endoftext|>"
+EOS = "<|endoftext|>"   # the kind's default end of text and first token (tokenizer_config.json may set others)
 SYNTHETIC_VOCAB_SIZE = 1024
 TOKENIZER_FILE = "tokenizer.json"
 DEVICE_FILE = "bpe_vocab.tsv"   # id \t base64(token bytes), ids ascending (special tokens: empty)
+CONFIG_FILE = "tokenizer_config.json"   # its eos_token / bos_token: the kind's settings (config_tokens)
+DEFAULTS = {"eos_token": EOS, "bos_token": EOS}
 CHAT = "User: {prompt}\n\nAssistant:"
 DESCRIPTION = "byte-level BPE (Hugging Face tokenizer.json, GPT-2/GPT-NeoX style)"
-CHAT_DESCRIPTION = "<|endoftext|>, then 'User: {prompt}\\n\\nAssistant:'; end of text = <|endoftext|>"
 CARRY = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 # Strings every loaded tokenizer must round-trip byte-exactly (str: the UTF-8 of each).
@@ -87,35 +98,109 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def describe_chat(bos: str | None, eos: str | None, chat: str = CHAT) -> str:
+    """The card's and the catalog's statement of the prompt format: first token, chat text, end of text."""
+    text = "'" + chat.replace("\n", "\\n") + "'"
+    return f"{bos + ', then ' if bos else ''}{text}; end of text = {eos if eos else 'none'}"
+
+
+# "<|endoftext|>, then 'User: {prompt}\\n\\nAssistant:'; end of text = <|endoftext|>"
+CHAT_DESCRIPTION = describe_chat(EOS, EOS)
+
+
+def config_tokens(path: str | Path | None, defaults: Mapping[str, str]) -> dict:
+    """The kind's token settings from a tokenizer_config.json (``path``; absent or None: the defaults):
+    ``{<key>: str for each key of defaults, "set": {key: str}, "where": path or None}``, ``set``
+    holding what the file itself states (a string or ``{"content": str}``; null or absent: the
+    default). A file that is not a JSON object, or a token that is not a string, is one line."""
+    out = {**defaults, "set": {}, "where": None}
+    if path is None or not Path(path).is_file():
+        return out
+    path = Path(path)
+    try:
+        cfg = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise PipelineError(path, f"is not valid JSON ({first})",
+                            "use the tokenizer_config.json of the checkpoint's Hugging Face repo") from None
+    if not isinstance(cfg, dict):
+        raise PipelineError(path, f"is a JSON {type(cfg).__name__}, not an object",
+                            "use the tokenizer_config.json of the checkpoint's Hugging Face repo")
+    out["where"] = path
+    for key in defaults:
+        value = cfg.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value:
+            raise PipelineError(path, f"{key} is {json.dumps(cfg.get(key))[:80]}, not a token (a non-empty string or "
+                                "{\"content\": string})", f"fix {key} or remove it (the default is {defaults[key]!r})")
+        out[key] = out["set"][key] = value
+    return out
+
+
+def resolve_token(tok, settings: Mapping, key: str, where: str | Path) -> int | None:
+    """The id of ``settings[key]``; None when it is a default missing from the vocabulary (the
+    caller falls back); one line when tokenizer_config.json names a token the vocabulary lacks."""
+    got = tok.token_to_id(settings[key])
+    if got is None and key in settings.get("set", {}):
+        raise PipelineError(settings["where"], f"{key} {settings[key][:40]!r} is not a token of {where}",
+                            f"use the tokenizer_config.json that belongs to this {Path(where).name}")
+    return got
+
+
+def check_added_ids(tok, spec: Mapping, where: str | Path) -> dict[int, dict]:
+    """The added tokens by id; one line for an id the ``tokenizers`` library would renumber (a gap)."""
+    for a in spec.get("added_tokens") or []:
+        got = tok.token_to_id(a["content"])
+        if got != a["id"]:
+            raise PipelineError(where, f"added token {a['content'][:40]!r} has id {a['id']}, which leaves a gap after "
+                                f"the ids before it (or repeats one): the tokenizers library would renumber it to "
+                                f"{got}",
+                                "use the checkpoint's own tokenizer.json: added-token ids must follow on without a "
+                                "gap (they are not renumbered: the model was trained with the stated ids)")
+    return {int(a["id"]): a for a in spec.get("added_tokens") or []}
+
+
+def parse(text: str, where: str | Path):
+    """``(spec, tokenizers.Tokenizer)`` of a tokenizer.json's text; one line if either parser fails."""
+    import tokenizers
+
+    try:
+        return json.loads(text), tokenizers.Tokenizer.from_str(text)
+    except Exception as exc:  # noqa: BLE001 - json and the Rust parser raise many types
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise PipelineError(where, f"is not a valid tokenizer.json ({first})",
+                            "use the tokenizer.json of the checkpoint's Hugging Face repo") from None
+
+
+def has_type(node, name: str) -> bool:
+    """Whether a normalizer / pre-tokenizer / decoder spec is, or holds in a Sequence, type ``name``."""
+    if isinstance(node, dict):
+        return node.get("type") == name or any(has_type(v, name) for v in node.values())
+    if isinstance(node, list):
+        return any(has_type(v, name) for v in node)
+    return False
+
+
 class BPETokenizer:
     """A verified byte-level BPE tokenizer (from :func:`load` or :func:`from_json`)."""
 
-    def __init__(self, text: str, where: str | Path = "tokenizer.json"):
-        import tokenizers
-
+    def __init__(self, text: str, where: str | Path = "tokenizer.json", settings: Mapping | None = None):
         self.where = str(where)
         self.json_text = text
         self.sha256 = sha256_bytes(text.encode("utf-8"))
-        try:
-            spec = json.loads(text)
-            self.tok = tokenizers.Tokenizer.from_str(text)
-        except Exception as exc:  # noqa: BLE001 - json and the Rust parser raise many types
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise PipelineError(where, f"is not a valid tokenizer.json ({first})",
-                                "use the tokenizer.json of the checkpoint's Hugging Face repo") from None
+        spec, self.tok = parse(text, where)
         model = spec.get("model") or {}
+        if model.get("type") == "BPE" and (model.get("byte_fallback") or has_type(spec.get("pre_tokenizer"), "Metaspace")
+                                           or has_type(spec.get("normalizer"), "Prepend")):
+            raise PipelineError(where, "is a SentencePiece-style BPE (byte_fallback, '▁' for spaces), not a byte-level "
+                                "one", "use the sp-bpe tokenizer kind for it (the family's tokenizer attribute)")
         if model.get("type") != "BPE":
             raise PipelineError(where, f"model type is {model.get('type')!r}, not 'BPE'",
                                 "the hf-bpe tokenizer kind takes a byte-level BPE tokenizer.json")
-        for a in spec.get("added_tokens") or []:
-            got = self.tok.token_to_id(a["content"])
-            if got != a["id"]:
-                raise PipelineError(where, f"added token {a['content'][:40]!r} has id {a['id']}, which leaves a gap after "
-                                    f"the ids before it (or repeats one): the tokenizers library would renumber it to "
-                                    f"{got}",
-                                    "use the checkpoint's own tokenizer.json: added-token ids must follow on without a "
-                                    "gap (they are not renumbered: the model was trained with the stated ids)")
-        self.added = {int(a["id"]): a for a in spec.get("added_tokens") or []}
+        self.added = check_added_ids(self.tok, spec, where)
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         table = unicode_to_bytes()
         self._bytes: list[bytes] = []
@@ -144,8 +229,13 @@ class BPETokenizer:
             raise PipelineError(where, f"has no single-byte token for byte {missing[0]:#04x} ({len(missing)} bytes "
                                 "missing)", "a byte-level BPE must hold all 256 bytes (train with the ByteLevel alphabet)")
         self.special_ids = sorted(i for i, a in self.added.items() if a.get("special"))
-        eos = self.tok.token_to_id(EOS)
+        self.settings = settings = settings or config_tokens(None, DEFAULTS)
+        eos = resolve_token(self.tok, settings, "eos_token", where)
         self.eos = eos if eos is not None else (self.special_ids[0] if self.special_ids else None)
+        bos = resolve_token(self.tok, settings, "bos_token", where)
+        self.bos = bos if bos is not None else self.eos   # a document boundary: end of text
+        name = lambda i: None if i is None else self.tok.id_to_token(i)  # noqa: E731
+        self.chat_description = describe_chat(name(self.bos), name(self.eos))
 
     def __len__(self) -> int:
         return self.vocab_size
@@ -156,8 +246,9 @@ class BPETokenizer:
         return self.vocab_size
 
     def prompt(self, text: str, chat: bool = True) -> list[int]:
-        """End-of-text first (a document boundary), then the chat-formatted prompt or the raw text."""
-        head = [] if self.eos is None else [self.eos]
+        """The first token (``bos_token``; by default end of text, a document boundary), then the
+        chat-formatted prompt or the raw text."""
+        head = [] if self.bos is None else [self.bos]
         return head + self.encode(CHAT.format(prompt=text) if chat else text)
 
     # --- encode / decode -----------------------------------------------------------------
@@ -218,8 +309,10 @@ def _utf8_runs(data: bytes) -> Iterator[tuple[bytes, bool]]:
 
 
 def from_json(text: str, where: str | Path = "tokenizer.json", sha256: str | None = None,
-              corpus: Iterable[str | bytes] = CHECK_CORPUS) -> BPETokenizer:
-    tok = BPETokenizer(text, where)
+              corpus: Iterable[str | bytes] = CHECK_CORPUS, settings: Mapping | None = None) -> BPETokenizer:
+    """A verified tokenizer from tokenizer.json text; ``settings`` (:func:`config_tokens`): by
+    default the kind's defaults (:func:`load_file` reads the tokenizer_config.json beside the file)."""
+    tok = BPETokenizer(text, where, settings)
     if sha256 is not None and tok.sha256 != sha256:
         raise PipelineError(where, f"sha256 is {tok.sha256}, expected {sha256}",
                             "download the pinned tokenizer.json again or fix models.<name>.source.tokenizer_sha256 "
@@ -229,7 +322,8 @@ def from_json(text: str, where: str | Path = "tokenizer.json", sha256: str | Non
 
 
 def load_file(path: str | Path, sha256: str | None = None) -> BPETokenizer:
-    """A tokenizer.json from disk, verified (sha256 if given; ids contiguous; byte-level; round trip)."""
+    """A tokenizer.json from disk, verified (sha256 if given; ids contiguous; byte-level; round trip),
+    with the settings of the tokenizer_config.json beside it (:func:`config_tokens`)."""
     path = Path(path)
     if not path.is_file():
         raise PipelineError(path, "tokenizer.json is missing", "put the checkpoint's tokenizer.json beside its weights")
@@ -237,7 +331,7 @@ def load_file(path: str | Path, sha256: str | None = None) -> BPETokenizer:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PipelineError(path, f"is not UTF-8 (byte {exc.start})", "download tokenizer.json again") from None
-    return from_json(text, path, sha256)
+    return from_json(text, path, sha256, settings=config_tokens(path.parent / CONFIG_FILE, DEFAULTS))
 
 
 # --- the synthetic tokenizer -----------------------------------------------------------------
@@ -340,6 +434,24 @@ def tsv_text(tok: BPETokenizer) -> str:
     return "".join(f"{i}\t{base64.b64encode(raw).decode('ascii')}\n" for i, raw in tok.table().items())
 
 
+def write_vocab(out_dir: Path, tok, device_file: str, tsv: str, defaults: Mapping[str, str]) -> list[str]:
+    """The vocab stage's files, written atomically: the verified tokenizer.json, the device table,
+    and the tokenizer_config.json it was loaded with when that sets a token other than ``defaults``
+    (so that ``load`` over the output has the same settings). Returns the file names."""
+    import shutil
+
+    from recurrent_coreai.util.fsutil import atomic_path
+
+    files = [TOKENIZER_FILE, device_file]
+    with atomic_path(out_dir, directory=True) as tmp:
+        (tmp / TOKENIZER_FILE).write_bytes(tok.json_text.encode("utf-8"))
+        (tmp / device_file).write_text(tsv, encoding="ascii")
+        if any(tok.settings["set"].get(k, v) != v for k, v in defaults.items()):
+            shutil.copyfile(tok.settings["where"], tmp / CONFIG_FILE)
+            files.append(CONFIG_FILE)
+    return files
+
+
 def load(vocab_dir: Path) -> BPETokenizer:
     """The tokenizer over a vocab stage output (its tokenizer.json, verified again)."""
     return load_file(Path(vocab_dir) / TOKENIZER_FILE)
@@ -382,16 +494,13 @@ def fits(source_dir: Path, settings: Mapping, rows: Mapping[str, int], where: st
 def bake_stage(source_dir: Path, out_dir: Path, settings: Mapping) -> dict:
     """The vocab stage for this kind: the source's tokenizer.json (its pin was checked by the source
     stage, whose manifest seals the bytes) verified again (ids, byte level, round trip) and written
-    to ``out_dir`` with the device table ``bpe_vocab.tsv``."""
-    from recurrent_coreai.util.fsutil import atomic_path
-
+    to ``out_dir`` with the device table ``bpe_vocab.tsv`` (and tokenizer_config.json where it sets
+    a token other than the default: :func:`write_vocab`)."""
     del settings
     tok = load_file(Path(source_dir) / TOKENIZER_FILE)
     checked = tok.check_round_trip()
-    with atomic_path(out_dir, directory=True) as tmp:
-        (tmp / TOKENIZER_FILE).write_bytes(tok.json_text.encode("utf-8"))
-        (tmp / DEVICE_FILE).write_text(tsv_text(tok), encoding="ascii")
+    files = write_vocab(out_dir, tok, DEVICE_FILE, tsv_text(tok), DEFAULTS)
     return {"entries": tok.vocab_size, "sha256": tok.sha256, "corpus": len(CHECK_CORPUS), "corpus_tokens": checked,
-            "files": [TOKENIZER_FILE, DEVICE_FILE],
+            "files": files,
             "summary": (f"{tok.vocab_size} tokens (sha256 {tok.sha256[:12]}) written with {DEVICE_FILE}; "
                         f"corpus of {len(CHECK_CORPUS)} round-tripped byte-exactly")}
