@@ -1,12 +1,17 @@
-"""Tokenizer kinds, chosen by a family's ``tokenizer`` attribute: ``world`` (RWKV World trie) and
-``hf-bpe`` (a Hugging Face byte-level BPE ``tokenizer.json``).
+"""Tokenizer kinds, chosen by a family's ``tokenizer`` attribute: ``world`` (RWKV World trie),
+``hf-bpe`` (a Hugging Face byte-level BPE ``tokenizer.json``, GPT-2 / GPT-NeoX style: bpe.py) and
+``sp-bpe`` (a SentencePiece-style BPE ``tokenizer.json`` with byte fallback, Llama / Mistral style:
+spbpe.py).
 
 Each kind module gives: ``bake_stage(source_dir, out_dir, settings)`` (the vocab stage), ``load(vocab_dir)``
 (a tokenizer with ``encode``, ``token_bytes``, ``eos``, ``n_ids``, ``prompt(text, chat)``), ``source_files`` (a
 synthetic source's tokenizer files), ``carry`` (a checkpoint's), ``fits(source_dir, settings, rows,
 where)`` (every id the tokenizer produces has a row in the model: ``fit.py``; returns the number of
 ids), and ``DESCRIPTION`` /
-``CHAT_DESCRIPTION`` for the card and the catalog. The chat format lives in the kind, once.
+``CHAT_DESCRIPTION`` for the card and the catalog. The chat format lives in the kind, once. The BPE
+kinds read their end-of-text and first tokens from the checkpoint's ``tokenizer_config.json`` (the
+kind's constants are the defaults): their loaded tokenizer's ``chat_description`` (and, sp-bpe,
+``card_eos``) state this model's, and the card takes them from it.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import importlib
 
 from recurrent_coreai.util.errors import PipelineError
 
-KINDS = {"world": "world", "hf-bpe": "bpe"}
+KINDS = {"world": "world", "hf-bpe": "bpe", "sp-bpe": "spbpe"}
 # The settings key of a checkpoint's pinned tokenizer file (config.yaml models.<m>.source.tokenizer_sha256;
 # the source stage passes it with vocab:). The World vocabulary is pinned by vocab.sha256 instead.
 PIN = "tokenizer_sha256"
