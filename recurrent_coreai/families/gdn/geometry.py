@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Mapping
 
 from recurrent_coreai.families import base
+from recurrent_coreai.families.hparams import HParams
 from recurrent_coreai.util.errors import PipelineError
 
 # config.yaml source.shape: the required keys (positive integers) and the optional ones with defaults
@@ -100,41 +101,6 @@ def geometry_from_shape(family, shape: Mapping, where: str | Path) -> Geometry:
 
 
 # --- config.json -----------------------------------------------------------------------------
-def _json_type(value: object) -> str:
-    return {list: "array", str: "string", bool: "boolean", type(None): "null", dict: "object"}.get(
-        type(value), type(value).__name__)
-
-
-def _refuse(where, key: str, value: object, want: str) -> PipelineError:
-    return PipelineError(where, f"{key} is {json.dumps(value)}; this Gated DeltaNet port supports only {want}",
-                         "use a pure Gated DeltaNet checkpoint of fla's GatedDeltaNetForCausalLM")
-
-
-def _whole(cfg: Mapping, key: str, where, default: object = None) -> int:
-    v = cfg.get(key, default)
-    if v is None:
-        raise PipelineError(where, f"missing key {key!r}", "use the config.json of fla's GatedDeltaNetForCausalLM")
-    if not (type(v) is int or (type(v) is float and v.is_integer())) or v <= 0:
-        raise PipelineError(where, f"{key} must be a positive integer, got {json.dumps(v)}", f"fix {key} in config.json")
-    return int(v)
-
-
-def _number(cfg: Mapping, key: str, where, default: float) -> float:
-    v = cfg.get(key, default)
-    v = default if v is None else v
-    if type(v) not in (int, float) or not 0 < v < math.inf:
-        raise PipelineError(where, f"{key} must be a positive number, got {json.dumps(v)}", f"fix {key} in config.json")
-    return float(v)
-
-
-def _flag(cfg: Mapping, key: str, where, default: bool) -> bool:
-    v = cfg.get(key, default)
-    v = default if v is None else v
-    if not isinstance(v, bool):
-        raise PipelineError(where, f"{key} must be true or false, got {json.dumps(v)}", f"fix {key} in config.json")
-    return v
-
-
 def mlp_width(hidden: int, hidden_ratio: float | None, intermediate: int | None) -> int:
     """fla's GatedMLP: ``intermediate_size`` when given, else int(hidden x hidden_ratio x 2/3) rounded up
     to a multiple of 256 (hidden_ratio 4 when null)."""
@@ -145,43 +111,32 @@ def mlp_width(hidden: int, hidden_ratio: float | None, intermediate: int | None)
 
 
 def geometry_from_config(cfg: object, where: str | Path) -> Geometry:
-    if not isinstance(cfg, Mapping):
-        raise PipelineError(where, f"is a JSON {_json_type(cfg)}, not an object",
-                            "use the config.json of a Gated DeltaNet checkpoint (fla GatedDeltaNetForCausalLM)")
-    if cfg.get("model_type") != "gated_deltanet":
-        raise PipelineError(where, f"model_type is {cfg.get('model_type')!r}, not 'gated_deltanet'",
+    """fla's GatedDeltaNetConfig (its defaults for absent keys), through the one config.json reader."""
+    r = HParams(cfg, where, fix="use the config.json of fla's GatedDeltaNetForCausalLM",
+                port="Gated DeltaNet", port_fix="use a pure Gated DeltaNet checkpoint of fla's GatedDeltaNetForCausalLM")
+    if r.value("model_type") != "gated_deltanet":
+        raise PipelineError(where, f"model_type is {r.value('model_type')!r}, not 'gated_deltanet'",
                             "point the source at a Gated DeltaNet checkpoint (fla GatedDeltaNetForCausalLM)")
-    if cfg.get("attn") is not None:
-        raise PipelineError(where, f"attn is {json.dumps(cfg['attn'])[:80]}: a hybrid with attention layers keeps a KV "
-                            "cache, which this factory does not build",
-                            "use a pure Gated DeltaNet checkpoint (attn: null)")
-    for key, ok, default, want in (
-            ("use_short_conv", lambda v: v is True, True, "use_short_conv true"),
-            ("hidden_act", lambda v: v in ("swish", "silu"), "swish", 'hidden_act "swish" (SwiGLU)'),
-            ("attnres_block_size", lambda v: v is None, None, "attnres_block_size null (no attention residuals)"),
-            ("output_gate_activation", lambda v: v in ("swish", "silu"), "swish", 'output_gate_activation "swish"'),
-            ("conv_bias", lambda v: v is False, False, "conv_bias false (fla's convs have no bias)")):
-        value = cfg.get(key, default)
-        if not ok(value):
-            raise _refuse(where, key, value, want)
-    heads = _whole(cfg, "num_heads", where, 6)
-    v_heads = cfg.get("num_v_heads")
-    hidden = _whole(cfg, "hidden_size", where, 2048)
-    inter = cfg.get("intermediate_size")
-    ratio = cfg.get("hidden_ratio")
-    if inter is not None:
-        inter = _whole(cfg, "intermediate_size", where)
-    elif ratio is not None and (type(ratio) not in (int, float) or ratio <= 0):
-        raise PipelineError(where, f"hidden_ratio must be a positive number, got {json.dumps(ratio)}",
-                            "fix hidden_ratio (or set intermediate_size) in config.json")
+    if r.has("attn"):
+        raise PipelineError(where, f"attn is {json.dumps(r.value('attn'))[:80]}: a hybrid with attention layers keeps "
+                            "a KV cache, which this factory does not build", "use a pure Gated DeltaNet checkpoint (attn: null)")
+    r.require("use_short_conv", lambda v: v is True, True, "use_short_conv true")
+    r.require("hidden_act", lambda v: v in ("swish", "silu"), "swish", 'hidden_act "swish" (SwiGLU)')
+    r.require("attnres_block_size", lambda v: v is None, None, "attnres_block_size null (no attention residuals)")
+    r.require("output_gate_activation", lambda v: v in ("swish", "silu"), "swish", 'output_gate_activation "swish"')
+    r.require("conv_bias", lambda v: v is False, False, "conv_bias false (fla's convs have no bias)")
+    hidden = r.whole("hidden_size", default=2048)
+    heads = r.whole("num_heads", default=6)
+    ratio = r.number("hidden_ratio", default=None)
+    v_heads = r.whole("num_v_heads", default=heads)
     return Geometry(
-        layers=_whole(cfg, "num_hidden_layers", where, 21), hidden=hidden, heads=heads,
-        head_dim=_whole(cfg, "head_dim", where, 256), vocab=_whole(cfg, "vocab_size", where, 32000),
-        intermediate=mlp_width(hidden, ratio, inter),
-        v_heads=0 if v_heads is None or v_heads == heads else _whole(cfg, "num_v_heads", where),
-        expand_v=_number(cfg, "expand_v", where, 2.0), conv_size=_whole(cfg, "conv_size", where, 4),
-        norm_eps=_number(cfg, "norm_eps", where, 1e-6), allow_neg_eigval=_flag(cfg, "allow_neg_eigval", where, False),
-        use_gate=_flag(cfg, "use_gate", where, True), tie_embeddings=_flag(cfg, "tie_word_embeddings", where, False),
+        layers=r.whole("num_hidden_layers", default=21), hidden=hidden, heads=heads,
+        head_dim=r.whole("head_dim", default=256), vocab=r.whole("vocab_size", default=32000),
+        intermediate=mlp_width(hidden, ratio, r.whole("intermediate_size", default=None)),
+        v_heads=0 if v_heads == heads else v_heads, expand_v=r.number("expand_v", default=2.0),
+        conv_size=r.whole("conv_size", default=4), norm_eps=r.number("norm_eps", default=1e-6),
+        allow_neg_eigval=r.flag("allow_neg_eigval", default=False), use_gate=r.flag("use_gate", default=True),
+        tie_embeddings=r.flag("tie_word_embeddings", default=False),
     ).check(where)
 
 

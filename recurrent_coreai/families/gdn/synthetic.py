@@ -1,6 +1,6 @@
 """Seeded, deterministic random Gated DeltaNet weights in the normal form.
 
-One generator draws every tensor in :func:`.geometry.normal_shapes` order (same seed and geometry:
+The family-wide draw policy (families/draws.py: one generator, float64 draws) gives every tensor in :func:`.geometry.normal_shapes` order (same seed and geometry:
 the same bytes). Ranges follow fla's own init where it matters for the recurrence: ``A_log =
 log(U[1, 16])``, ``dt_bias = softplus⁻¹(dt)`` with dt log-uniform in [1e-3, 1e-1] (so the decay
 exp(g) spans slow and fast heads), short-conv taps U[-1/√K, 1/√K] (nn.Conv1d's bound), linears
@@ -17,6 +17,7 @@ from typing import Iterator
 
 import torch
 
+from recurrent_coreai.families.draws import Draws
 from recurrent_coreai.families.gdn.geometry import Geometry, normal_shapes
 
 LM_HEAD_GAIN = 3.0
@@ -25,54 +26,43 @@ DT_MIN, DT_MAX = 1e-3, 1e-1
 A_RANGE = (1.0, 16.0)
 
 
-def _normal(shape, std: float, gen: torch.Generator) -> torch.Tensor:
-    return (torch.randn(shape, generator=gen, dtype=torch.float64) * std).float()
+def _head(shape, g: Geometry, d: Draws) -> torch.Tensor:
+    rows = torch.exp(d.normal((shape[0], 1), LM_HEAD_ROW_SPREAD, exact=True))
+    return (d.normal(shape, LM_HEAD_GAIN / math.sqrt(g.hidden), exact=True) * rows).float()
 
 
-def _uniform(shape, lo: float, hi: float, gen: torch.Generator) -> torch.Tensor:
-    return (torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo).float()
-
-
-def _head(shape, g: Geometry, gen: torch.Generator) -> torch.Tensor:
-    rows = torch.exp(torch.randn((shape[0], 1), generator=gen, dtype=torch.float64) * LM_HEAD_ROW_SPREAD)
-    w = torch.randn(shape, generator=gen, dtype=torch.float64) * (LM_HEAD_GAIN / math.sqrt(g.hidden))
-    return (w * rows).float()
-
-
-def _init(name: str, shape: tuple[int, ...], g: Geometry, gen: torch.Generator) -> torch.Tensor:
-    leaf = name.rsplit(".", 2)
+def _init(name: str, shape: tuple[int, ...], g: Geometry, d: Draws) -> torch.Tensor:
     if name == "model.embeddings.weight":
-        return _head(shape, g, gen) if g.tie_embeddings else _normal(shape, 1.0, gen)
+        return _head(shape, g, d) if g.tie_embeddings else d.normal(shape, 1.0)
     if name == "lm_head.weight":
-        return _head(shape, g, gen)
+        return _head(shape, g, d)
     if name.endswith("norm.weight"):
-        return _uniform(shape, 0.8, 1.2, gen)
+        return d.uniform(shape, 0.8, 1.2)
     if name.endswith("conv1d.weight"):
         bound = 1.0 / math.sqrt(shape[-1])
-        return _uniform(shape, -bound, bound, gen)
+        return d.uniform(shape, -bound, bound)
     if name.endswith("attn.A_log"):
-        return torch.log(_uniform(shape, *A_RANGE, gen).double()).float()
+        return torch.log(d.uniform(shape, *A_RANGE, exact=True)).float()
     if name.endswith("attn.dt_bias"):
-        dt = torch.exp(torch.rand(shape, generator=gen, dtype=torch.float64) * (math.log(DT_MAX) - math.log(DT_MIN))
-                       + math.log(DT_MIN))
+        dt = d.log_uniform(shape, DT_MIN, DT_MAX, exact=True)
         return (dt + torch.log(-torch.expm1(-dt))).float()   # softplus⁻¹
     if name.endswith("attn.b_proj.weight"):
-        return _normal(shape, 2.0 / math.sqrt(shape[1]), gen)
+        return d.normal(shape, 2.0 / math.sqrt(shape[1]))
     if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
-        return _normal(shape, 0.5 / math.sqrt(shape[1]), gen)
+        return d.normal(shape, 0.5 / math.sqrt(shape[1]))
     if name.endswith("_proj.weight"):
-        return _normal(shape, 1.0 / math.sqrt(shape[1]), gen)
-    raise KeyError(f"{name} ({leaf[-1]})")
+        return d.normal(shape, 1.0 / math.sqrt(shape[1]))
+    raise KeyError(name)
 
 
 def synthetic_tensors(g: Geometry, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
-    gen = torch.Generator().manual_seed(int(seed))
+    d = Draws(seed)
     emb = None
     for name, shape in normal_shapes(g).items():
         if name == "lm_head.weight" and g.tie_embeddings:
             yield name, emb.clone()
             continue
-        t = _init(name, shape, g, gen).contiguous()
+        t = _init(name, shape, g, d).contiguous()
         if name == "model.embeddings.weight":
             emb = t
         yield name, t
