@@ -35,8 +35,8 @@ def build(tmp_path, family: str, src) -> PipelineError:
 
 
 def mismatches() -> list[tuple[str, str, str]]:
-    """(actual family, its layout, the family config.yaml names): every layout each registered family writes (synthetic_layouts), of every
-    family, given as each other family."""
+    """(actual family, its layout, the family config.yaml names): every layout each registered family
+    writes (synthetic_layouts), given as each other family."""
     return [(actual, layout, given) for actual in families.available() for layout in families.get(actual).synthetic_layouts
             for given in families.available() if given != actual]
 
