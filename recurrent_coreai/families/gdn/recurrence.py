@@ -1,7 +1,7 @@
 """The gated delta rule, token by token and in its exact chunk (WY/UT) form, from standard ops.
 
 Per value head (the state S is [K, V]: key rows, value columns), token t with q_t, k_t [K]
-(L2-normalised; q scaled by 1/sqrt(K)), v_t [V], the decay g_t = -exp(A_log) softplus(a_t + dt_bias)
+(L2-normalised; q scaled by 1/sqrt(K)), v_t [V], the decay g_t = -exp(A_log) log(1 + e^(a_t + dt_bias))
 (<= 0) and the write strength beta_t = sigmoid(b_t) (x2 with allow_neg_eigval):
 
     S <- exp(g_t) S                          (decay)
@@ -47,14 +47,15 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
 
 
-def softplus(x: torch.Tensor) -> torch.Tensor:
-    """log(1 + e^x) with no intermediate that overflows (max(x, 0) + log1p(e^-|x|))."""
+def log1p_exp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 + e^x) written so that no intermediate overflows (max(x, 0) + log1p(e^-|x|)): the library
+    op's decomposition forms e^x first, which overflows fp16 on a device delegate (coreai doctor)."""
     return torch.clamp(x, min=0) + torch.log1p(torch.exp(-torch.abs(x)))
 
 
 def gate(a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
-    """The log-decay g = -exp(A_log) softplus(a + dt_bias), <= 0; a [..., Hv]."""
-    return -torch.exp(A_log) * softplus(a + dt_bias)
+    """The log-decay g = -exp(A_log) log(1 + e^(a + dt_bias)), <= 0; a [..., Hv]."""
+    return -torch.exp(A_log) * log1p_exp(a + dt_bias)
 
 
 def beta(b: torch.Tensor, allow_neg_eigval: bool) -> torch.Tensor:
