@@ -8,8 +8,22 @@ family (``family:`` in config.yaml is wrong).
 
 Weights come from one file, every ``*.safetensors`` of a directory (else every ``*.pth`` / ``*.bin``,
 pickles read with ``torch.load(weights_only=True)``: tensors and plain containers only, never
-code), or exactly the shards that ``model.safetensors.index.json`` names. Every tensor is checked as it is read (float32/float16/
-bfloat16, finite) and stored once; anything else is a :class:`PipelineError` naming it.
+code), or exactly the shards that ``model.safetensors.index.json`` names. Every tensor is checked
+(float32/float16/bfloat16, finite) and stored once; anything else is a :class:`PipelineError`
+naming it.
+
+ONE read path (:class:`Stored`) serves every reader here: it opens the weight files -- safetensors
+with ``safe_open`` (pread, never a whole-file map), pickles with ``torch.load(mmap=True,
+weights_only=True)`` -- and knows every tensor's name, dtype and shape, checked (a tensor in two
+files, a shard the index does not name it in, a sparse, meta or quantized tensor, a dtype other
+than float32/float16/bfloat16), before any value is read; then it reads tensors one at a time,
+each checked as read (:func:`check_values`), a safetensors tensor in slices of rows straight into
+the dtype asked for. On it: :func:`read_checkpoint` (the whole normal form in memory: the
+reference), :func:`stream_checkpoint` (the normal form one tensor at a time in a dtype: the
+export) and :func:`write_normalized` (the normal form written one tensor at a time: the source
+stage). Where a problem is in the names (the family, the layout, config.json, a missing or
+misshaped tensor) the values are checked first, so a corrupted file is named as corrupted
+whatever else is wrong with it.
 
 A pickle in torch.save's zip format (every ``.pth``/``.bin`` since torch 1.6, transformers'
 ``pytorch_model.bin``) has its members' CRC-32s checked first, member by member
@@ -28,9 +42,9 @@ import re
 import shutil
 import zipfile
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 from safetensors import safe_open
@@ -40,12 +54,14 @@ from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.util.fsutil import why_missing
 from recurrent_coreai.util.progress import Progress
 from recurrent_coreai.util.safetensors_stream import NORMAL_METADATA, WEIGHT_FILE, save_normalized  # noqa: F401 - re-exported
-from recurrent_coreai.util.safetensors_stream import save_streamed
+from recurrent_coreai.util.safetensors_stream import TORCH_DTYPES, save_streamed
 
 INDEX_FILE = "model.safetensors.index.json"  # the HF sharded layout: {"weight_map": {tensor: shard file}}
 PICKLE_SUFFIXES = (".pth", ".bin")  # PyTorch pickles: read with weights_only=True
 SUFFIXES = (".safetensors", *PICKLE_SUFFIXES)
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+READ_CHUNK = 16 << 20  # bytes of a safetensors tensor read at a time when it is read into another dtype
+UNREADABLE = "re-download the file; it is truncated or corrupted"
 
 
 def weight_files(src: Path) -> list[Path]:
@@ -163,20 +179,21 @@ def _tensors_stored_in(f: Path, member: str) -> list[str]:
         return []
 
 
-def load_pickle(f: Path, mmap: bool = True) -> object:
+def load_pickle(f: Path) -> object:
     """A PyTorch pickle (``.pth``/``.bin``) loaded with ``weights_only=True``: torch's restricted
     unpickler, which builds tensors and plain containers and refuses any other global (a pickle
     that would call ``os.system`` is refused here, in one line, and never runs). A zip-format file
-    has its CRC-32s checked first (:func:`check_zip`); a legacy one has none to check."""
+    has its CRC-32s checked first (:func:`check_zip`) and is memory-mapped (``mmap=True``: a
+    tensor's bytes are read when used); a legacy one has no checksum to check and no zip members
+    to map: it is read whole."""
     import pickle
 
-    if is_zip(f):
+    zipped = is_zip(f)
+    if zipped:
         check_zip(f)
     try:
-        return torch.load(f, map_location="cpu", mmap=mmap, weights_only=True)
+        return torch.load(f, map_location="cpu", mmap=zipped, weights_only=True)
     except RuntimeError as exc:
-        if mmap and "mmap can only be used" in str(exc):  # a legacy (non-zip) torch.save: read it whole
-            return load_pickle(f, mmap=False)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise PipelineError(f, f"cannot read PyTorch checkpoint ({type(exc).__name__}: {first})",
                             "re-download the file; it is truncated or not a state dict") from None
@@ -200,29 +217,6 @@ def load_pickle(f: Path, mmap: bool = True) -> object:
                             "re-download the file; it is truncated or not a state dict") from None
 
 
-def _file_tensors(f: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of one weights file; safetensors are mmap'd, not copied."""
-    if f.suffix in PICKLE_SUFFIXES:
-        sd = load_pickle(f)
-        fix = "save the weights as a state dict: torch.save(model.state_dict(), path)"
-        if not isinstance(sd, Mapping):
-            raise PipelineError(f, f"holds a {type(sd).__name__}, not a state dict of tensors", fix)
-        for name, t in sd.items():
-            if not isinstance(name, str):
-                raise PipelineError(f, f"has a key {name!r} that is not a tensor name", fix)
-            if not isinstance(t, torch.Tensor):
-                raise PipelineError(f, f"entry {name!r} is not a tensor ({type(t).__name__})", fix)
-        yield from sd.items()
-        return
-    try:
-        with safe_open(f, framework="pt") as fh:
-            for name in fh.keys():
-                yield name, fh.get_tensor(name)
-    except Exception as exc:  # noqa: BLE001 - safetensors raises several types for bad headers
-        raise PipelineError(f, f"cannot read safetensors ({exc})",
-                            "re-download the file; it is truncated or corrupted") from None
-
-
 def check_storage(f: Path, name: str, t: torch.Tensor) -> None:
     """A weight must be a dense array with data: a sparse, meta or quantized tensor (a pickle can
     hold each) is one line naming it. A non-contiguous dense one (a transposed or expanded view) is
@@ -242,43 +236,203 @@ def check_storage(f: Path, name: str, t: torch.Tensor) -> None:
                             "bfloat16", "use the unquantized checkpoint (or save t.dequantize() of each tensor)")
 
 
+def check_dtype(f: Path, name: str, dtype: torch.dtype | str) -> None:
+    """A weight is float32, float16 or bfloat16 (``dtype`` a torch dtype, or a safetensors name
+    torch has none for)."""
+    if dtype not in FLOAT_DTYPES:
+        said = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+        raise PipelineError(f, f"tensor {name} has dtype {said}; weights must be float32, float16 or bfloat16",
+                            "the file is corrupted or not a model checkpoint: re-download it or convert it with "
+                            "floating-point weights")
+
+
 def check_values(f: Path, name: str, t: torch.Tensor) -> None:
-    """A weight must be a dense array (:func:`check_storage`), floating point and finite. One fused
-    min/max pass (no copy of the tensor); the NaN/Inf count is only computed for the message."""
+    """A weight must be a dense array (:func:`check_storage`), floating point (:func:`check_dtype`)
+    and finite. One fused min/max pass (no copy of the tensor); the NaN/Inf count is only computed
+    for the message."""
     check_storage(f, name, t)
-    if t.dtype not in FLOAT_DTYPES:
-        raise PipelineError(f, f"tensor {name} has dtype {str(t.dtype).removeprefix('torch.')}; weights must be "
-                            "float32, float16 or bfloat16", "the file is corrupted or not a model checkpoint: "
-                            "re-download it or convert it with floating-point weights")
-    if t.numel() and not all(torch.isfinite(x) for x in torch.aminmax(t)):
+    check_dtype(f, name, t.dtype)
+    if not _finite(t):
         nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
         raise PipelineError(f, f"tensor {name} has {nan} NaN and {inf} infinite values (of {t.numel()})",
                             "the weights are corrupted (or come from a diverged run): "
                             "re-download or use another checkpoint")
 
 
+def _finite(t: torch.Tensor) -> bool:
+    return not t.numel() or all(bool(torch.isfinite(x)) for x in torch.aminmax(t))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stored tensor, as its file's header (or pickle) says, before its values are read."""
+
+    file: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return torch.Size(self.shape).numel() * self.dtype.itemsize
+
+
+@dataclass
+class Stored:
+    """The weight files of one checkpoint, opened (:meth:`open`): every tensor's :class:`Entry`
+    (in file order, then each file's own order), checked, before any value is read; values are
+    read one tensor at a time, each checked as it is read."""
+
+    src: Path
+    files: list[Path]
+    index: dict[str, str] | None
+    entries: dict[str, Entry] = field(default_factory=dict)
+    _pickled: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # mmap'd, read when used
+    _handles: dict[Path, Any] = field(default_factory=dict, repr=False)          # open safe_open readers
+
+    @classmethod
+    def open(cls, src: str | Path) -> "Stored":
+        """A checkpoint: a weights file, or a directory (:func:`weight_files`, :func:`shard_index`)."""
+        src = Path(src)
+        return cls.of(src, weight_files(src), shard_index(src) if src.is_dir() else None)
+
+    @classmethod
+    def of(cls, src: Path, files: list[Path], index: Mapping[str, str] | None) -> "Stored":
+        stored = cls(src, list(files), dict(index) if index is not None else None)
+        for f in stored.files:
+            for name, dtype, shape in stored._scan(f):
+                stored._add(f, name, dtype, shape)
+        for name, shard in (stored.index or {}).items():
+            if name not in stored.entries:
+                raise PipelineError(stored.files[0].parent / INDEX_FILE, f"maps tensor {name} to {shard}, which "
+                                    "does not hold it", "re-download the checkpoint: its shards and index do not match")
+        return stored
+
+    @property
+    def where(self) -> Path:
+        """What a message about the tensors names: the one weights file, or the directory."""
+        return self.files[0] if len(self.files) == 1 else self.src
+
+    @property
+    def inputs(self) -> list[Path]:
+        """The files read for the tensors: the weights and the shard index."""
+        return list(self.files) + ([self.src / INDEX_FILE] if self.index is not None else [])
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: e.shape for name, e in self.entries.items()}
+
+    def meta(self) -> dict[str, torch.Tensor]:
+        """Every tensor on the meta device (names, dtypes, shapes): what a family normalises first."""
+        return {name: torch.empty(e.shape, dtype=e.dtype, device="meta") for name, e in self.entries.items()}
+
+    # --- opening ----------------------------------------------------------------------------
+    def _scan(self, f: Path) -> Iterator[tuple[str, torch.dtype | str, tuple[int, ...]]]:
+        if f.suffix in PICKLE_SUFFIXES:
+            sd = load_pickle(f)
+            fix = "save the weights as a state dict: torch.save(model.state_dict(), path)"
+            if not isinstance(sd, Mapping):
+                raise PipelineError(f, f"holds a {type(sd).__name__}, not a state dict of tensors", fix)
+            for name, t in sd.items():
+                if not isinstance(name, str):
+                    raise PipelineError(f, f"has a key {name!r} that is not a tensor name", fix)
+                if not isinstance(t, torch.Tensor):
+                    raise PipelineError(f, f"entry {name!r} is not a tensor ({type(t).__name__})", fix)
+            for name, t in sd.items():
+                self._pickled[name] = t
+                yield name, t.dtype, tuple(t.shape)
+            return
+        fh = self._reader(f)
+        try:
+            for name in fh.keys():
+                info = fh.get_slice(name)
+                yield name, TORCH_DTYPES.get(info.get_dtype(), info.get_dtype()), tuple(info.get_shape())
+        except Exception as exc:  # noqa: BLE001 - safetensors raises several types for bad headers
+            raise PipelineError(f, f"cannot read safetensors ({exc})", UNREADABLE) from None
+
+    def _add(self, f: Path, name: str, dtype: torch.dtype | str, shape: tuple[int, ...]) -> None:
+        if name in self.entries:
+            raise PipelineError(f.parent, f"tensor {name} is in both {self.entries[name].file.name} and {f.name}",
+                                "remove the stale or duplicated shard so that each tensor is stored once")
+        if self.index is not None and self.index.get(name) != f.name:
+            what = (f"holds tensor {name}, which {INDEX_FILE} maps to {self.index[name]}" if name in self.index
+                    else f"holds tensor {name}, which {INDEX_FILE} does not list")
+            raise PipelineError(f, what, "re-download the checkpoint: its shards and index do not match")
+        if name in self._pickled:
+            check_storage(f, name, self._pickled[name])
+        check_dtype(f, name, dtype)
+        self.entries[name] = Entry(f, dtype, shape)  # type: ignore[arg-type]
+
+    def _reader(self, f: Path):
+        if f not in self._handles:
+            try:
+                self._handles[f] = safe_open(f, framework="pt", backend="pread")
+            except Exception as exc:  # noqa: BLE001 - safetensors raises several types for bad headers
+                raise PipelineError(f, f"cannot read safetensors ({exc})", UNREADABLE) from None
+        return self._handles[f]
+
+    # --- reading ----------------------------------------------------------------------------
+    def read(self, name: str) -> torch.Tensor:
+        """One tensor as stored (a pickle's: its mmap'd view), its values checked."""
+        e = self.entries[name]
+        if name in self._pickled:
+            t = self._pickled[name]
+        else:
+            try:
+                t = self._reader(e.file).get_tensor(name)
+            except Exception as exc:  # noqa: BLE001 - as the header's errors
+                raise PipelineError(e.file, f"cannot read safetensors ({exc})", UNREADABLE) from None
+        check_values(e.file, name, t)
+        return t
+
+    def read_as(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        """One tensor in ``dtype``, its values checked in the stored dtype. A safetensors tensor of
+        another dtype is read READ_CHUNK bytes at a time straight into it (safe_open reads a
+        tensor whole, slices too): never a whole copy in its stored dtype beside it."""
+        e = self.entries[name]
+        if name in self._pickled or e.dtype == dtype or e.nbytes <= READ_CHUNK:
+            return self.read(name).to(dtype)
+        out = torch.empty(e.shape, dtype=dtype)
+        flat, item, at = out.view(-1), e.dtype.itemsize, 0
+        step = READ_CHUNK // item
+        buf = torch.empty(step * item, dtype=torch.uint8)
+        with open(e.file, "rb") as fh:
+            fh.seek(self._data_start(e.file, name))
+            while at < flat.numel():
+                n = min(step, flat.numel() - at)
+                if fh.readinto(buf[:n * item].numpy()) != n * item:
+                    raise PipelineError(e.file, f"tensor {name} is cut short", "re-download the file; it is truncated")
+                chunk = buf[:n * item].view(e.dtype)
+                if not _finite(chunk):
+                    self.read(name)  # rare: the whole tensor, for the exact count in the message
+                flat[at:at + n].copy_(chunk)
+                at += n
+        return out
+
+    def _data_start(self, f: Path, name: str) -> int:
+        """Where a tensor's bytes start in a safetensors file safe_open has read (its header:
+        8 bytes of length, the JSON, then the data at the entry's data_offsets)."""
+        with open(f, "rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            return 8 + size + json.loads(fh.read(size))[name]["data_offsets"][0]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor as stored, in file order, checked (:meth:`read`)."""
+        for name in self.entries:
+            yield name, self.read(name)
+
+    def read_all(self) -> dict[str, torch.Tensor]:
+        return dict(self)
+
+    def check_all(self) -> None:
+        """Every tensor's values, one at a time (nothing is kept)."""
+        for name, t in self:
+            del t
+
+
 def read_tensors(files: list[Path], index: Mapping[str, str] | None = None) -> dict[str, torch.Tensor]:
-    """All tensors of the given files, each checked as it is read (see :func:`check_values`).
-    A tensor in two files is an error; with a shard ``index``, every tensor must come from the
-    shard the index maps it to."""
-    out: dict[str, torch.Tensor] = {}
-    origin: dict[str, Path] = {}
-    for f in files:
-        for name, t in _file_tensors(f):
-            if name in origin:
-                raise PipelineError(f.parent, f"tensor {name} is in both {origin[name].name} and {f.name}",
-                                    "remove the stale or duplicated shard so that each tensor is stored once")
-            if index is not None and index.get(name) != f.name:
-                what = (f"holds tensor {name}, which {INDEX_FILE} maps to {index[name]}" if name in index
-                        else f"holds tensor {name}, which {INDEX_FILE} does not list")
-                raise PipelineError(f, what, "re-download the checkpoint: its shards and index do not match")
-            check_values(f, name, t)
-            out[name], origin[name] = t, f
-    for name, shard in (index or {}).items():
-        if name not in out:
-            raise PipelineError(files[0].parent / INDEX_FILE, f"maps tensor {name} to {shard}, which does not hold it",
-                                "re-download the checkpoint: its shards and index do not match")
-    return out
+    """All tensors of the given files (one checkpoint's), each checked (:class:`Stored`): a tensor in
+    two files is an error; with a shard ``index``, every tensor must come from the shard the index
+    maps it to."""
+    return Stored.of(files[0] if len(files) == 1 else files[0].parent, files, index).read_all()
 
 
 def _read_json(path: Path, fix: str) -> object:
@@ -329,14 +483,46 @@ def load_geometry(family, src: Path):
     return family.geometry_from_config(_read_json(cfg_path, "repair or re-download config.json"), cfg_path)
 
 
-def _geometry(family, layout: str, shapes: Mapping[str, tuple], cfg_dir: Path, where, used: list[Path]):
-    """From config.json when there is one, else off the tensors (a layout without config.json)."""
+def _geometry(family, layout: str, stored: Stored, cfg_dir: Path, where) -> tuple[object, list[Path]]:
+    """From config.json when there is one, else off the tensors (a layout without config.json);
+    with the config.json read, if one was."""
     if not (cfg_dir / "config.json").exists():
-        geom = family.geometry_from_tensors(shapes, layout, where)
+        geom = family.geometry_from_tensors(stored.shapes(), layout, where)
         if geom is not None:
-            return geom
-    used.append(cfg_dir / "config.json")
-    return load_geometry(family, cfg_dir)
+            return geom, []
+    return load_geometry(family, cfg_dir), [cfg_dir / "config.json"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the names, the headers and config.json say, before a value is read."""
+
+    family: object
+    layout: str
+    geometry: object
+    inputs: list[Path]                    # every file read: the weights, the shard index, config.json
+    meta: dict[str, torch.Tensor] | None  # the normal form on the meta device (see :func:`plan`), else None
+
+
+def plan(stored: Stored, family=None, checked: bool = False) -> Plan:
+    """The family (given, or the one that recognises the names), the layout, the geometry and, for
+    a layout that normalises tensor by tensor (``family.streams``) or is the normal form itself,
+    the normal form's names and shapes (``family.normalize`` on meta tensors: a missing, extra or
+    misshaped tensor is named here). A problem here is reported after every value is checked
+    (``checked``: they were already): a corrupted file is named as corrupted first."""
+    where = stored.where
+    try:
+        family = family or detect_family(stored.entries, where)
+        layout = check_family(family, stored.entries, where)
+        cfg_dir = stored.src if stored.src.is_dir() else stored.src.parent
+        geom, cfg = _geometry(family, layout, stored, cfg_dir, where)
+        by_name = family.streams(layout) or layout == family.layouts[0]
+        meta = family.normalize(stored.meta(), geom, where) if by_name else None
+    except PipelineError:
+        if not checked:
+            stored.check_all()
+        raise
+    return Plan(family, layout, geom, stored.inputs + cfg, meta)
 
 
 @dataclass(frozen=True)
@@ -350,20 +536,14 @@ class Checkpoint:
 
 
 def read_checkpoint(src: str | Path, family=None) -> Checkpoint:
-    """Read, check and normalise an HF-layout directory or a single weights file, in one pass over
-    the weights (mmap'd where possible). A layout without config.json (a BlinkDL .pth) takes its
+    """Read, check and normalise an HF-layout directory or a single weights file, whole (every
+    value checked before the names are). A layout without config.json (a BlinkDL .pth) takes its
     geometry off the tensors when the family can."""
-    src = Path(src)
-    files = weight_files(src)
-    where = files[0] if len(files) == 1 else src
-    index = shard_index(src) if src.is_dir() else None
-    raw = read_tensors(files, index)
-    family = family or detect_family(raw.keys(), where)
-    layout = check_family(family, raw.keys(), where)
-    cfg_dir = src if src.is_dir() else src.parent
-    used = list(files) + ([src / INDEX_FILE] if index is not None else [])
-    geom = _geometry(family, layout, {k: tuple(v.shape) for k, v in raw.items()}, cfg_dir, where, used)
-    return Checkpoint(geom, family.normalize(raw, geom, where), layout, files, used, family)
+    stored = Stored.open(src)
+    raw = stored.read_all()
+    p = plan(stored, family, checked=True)
+    return Checkpoint(p.geometry, p.family.normalize(raw, p.geometry, stored.where), p.layout, stored.files,
+                      p.inputs, p.family)
 
 
 def load_checkpoint(src: str | Path, dtype: torch.dtype | None = None, family=None) -> tuple[object, dict[str, torch.Tensor]]:
@@ -373,159 +553,53 @@ def load_checkpoint(src: str | Path, dtype: torch.dtype | None = None, family=No
     return ck.geometry, sd
 
 
-SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-READ_CHUNK = 16 << 20  # bytes read at a time when streaming a tensor
-
-
-def _safetensors_header(f: Path) -> tuple[dict, int]:
-    """(header entries without ``__metadata__``, offset where the data starts) of a safetensors file."""
-    fix = "re-download the file; it is truncated or corrupted"
-    try:
-        with open(f, "rb") as fh:
-            size = int.from_bytes(fh.read(8), "little")
-            header = json.loads(fh.read(size))
-    except (OSError, ValueError) as exc:
-        raise PipelineError(f, f"cannot read safetensors header ({exc})", fix) from None
-    if not isinstance(header, dict):
-        raise PipelineError(f, "safetensors header is not an object", fix)
-    header.pop("__metadata__", None)
-    return header, 8 + size
-
-
-def _read_into(fh, f: Path, name: str, entry: dict, start: int, out: torch.Tensor) -> None:
-    """Fill ``out`` (the target dtype) from one tensor of an open safetensors file, READ_CHUNK
-    bytes at a time: each chunk is checked in its stored dtype (:func:`check_values`), then cast."""
-    src = SAFETENSORS_DTYPES[entry["dtype"]]
-    begin, end = entry["data_offsets"]
-    flat, item = out.view(-1), torch.empty((), dtype=src).element_size()
-    if (end - begin) != flat.numel() * item:
-        raise PipelineError(f, f"tensor {name} has {end - begin} bytes for shape {entry['shape']}",
-                            "re-download the file; it is truncated or corrupted")
-    step = max(READ_CHUNK // item, 1)
-    buf = torch.empty(min(step, flat.numel()) * item, dtype=torch.uint8)
-    fh.seek(start + begin)
-    for at in range(0, flat.numel(), step):
-        n = min(step, flat.numel() - at)
-        if fh.readinto(buf[:n * item].numpy()) != n * item:
-            raise PipelineError(f, f"tensor {name} is cut short", "re-download the file; it is truncated")
-        chunk = buf[:n * item].view(src)
-        if chunk.numel() and not all(torch.isfinite(x) for x in torch.aminmax(chunk)):
-            with safe_open(f, framework="pt") as whole:  # rare: the whole tensor for the exact message
-                check_values(f, name, whole.get_tensor(name))
-        flat[at:at + n].copy_(chunk)
-
-
 def stream_checkpoint(src: str | Path, dtype: torch.dtype, family=None) -> tuple[object, Iterator[tuple[str, torch.Tensor]]]:
-    """Geometry and the normalised weights as (name, tensor) pairs in ``dtype``, one tensor at a
-    time: for a directory holding one split-layout ``model.safetensors`` (the source stage's
-    output) each tensor is read straight from the file into ``dtype`` — never a whole fp32 copy
-    of the checkpoint. Names and shapes are checked (the family's ``normalize`` on meta tensors)
-    before any data is read. Any other layout goes through :func:`read_checkpoint` and is cast
-    tensor by tensor."""
-    src = Path(src)
-    files = weight_files(src)
-    if not (src.is_dir() and len(files) == 1 and files[0].suffix == ".safetensors" and shard_index(src) is None):
-        ck = read_checkpoint(src, family)
-        return ck.geometry, ((k, v.to(dtype)) for k, v in ck.tensors.items())
-    f = files[0]
-    header, start = _safetensors_header(f)
-    family = family or detect_family(header, f)
-    if (family.detect_layout(header) != family.layouts[0]
-            or any(e.get("dtype") not in SAFETENSORS_DTYPES for e in header.values())):
-        ck = read_checkpoint(src, family)
-        return ck.geometry, ((k, v.to(dtype)) for k, v in ck.tensors.items())
-    geom = load_geometry(family, src)
-    meta = family.normalize({k: torch.empty(e["shape"], device="meta") for k, e in header.items()}, geom, f)
-
-    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
-        with open(f, "rb") as fh:
-            for name, like in meta.items():
-                out = torch.empty(like.shape, dtype=dtype)
-                _read_into(fh, f, name, header[name], start, out)
-                yield name, out
-    return geom, tensors()
-
-
-def _scan_safetensors(files: list[Path], index: Mapping[str, str] | None) -> dict[str, tuple] | None:
-    """name -> (file, dtype, shape) of every tensor, from the headers alone; None if anything there
-    is off (an unreadable header, a tensor in two files or in the wrong shard, a dtype that is not
-    float32/float16/bfloat16): :func:`read_tensors` then reads the files and names the problem."""
-    refs: dict[str, tuple[Path, torch.dtype, tuple]] = {}
-    try:
-        for f in files:
-            with safe_open(f, framework="pt", backend="pread") as fh:
-                for name in fh.keys():
-                    info = fh.get_slice(name)
-                    dtype = SAFETENSORS_DTYPES.get(info.get_dtype())
-                    if name in refs or dtype is None or (index is not None and index.get(name) != f.name):
-                        return None
-                    refs[name] = (f, dtype, tuple(info.get_shape()))
-    except Exception:  # noqa: BLE001 - safetensors raises several types for bad headers
-        return None
-    return None if index is not None and set(index) - set(refs) else refs
-
-
-def _write_in_memory(family, src: Path, dst: Path) -> Checkpoint:
-    ck = read_checkpoint(src, family)
-    if (ck.layout == ck.family.layouts[0] and len(ck.weights) == 1 and ck.weights[0].suffix == ".safetensors"
-            and set(_safetensors_header(ck.weights[0])[0]) == set(ck.tensors)):
-        shutil.copyfile(ck.weights[0], dst)  # already the normal form: bytes unchanged
-    # else normalising changed it: e.g. a tied head the file leaves out (Hugging Face's Mamba-2)
-    else:
-        save_normalized(ck.tensors, dst)
-    return ck
+    """Geometry and the normalised weights as (name, tensor) pairs in ``dtype``, in the normal
+    form's order, one tensor at a time: a checkpoint that is the normal form tensor for tensor
+    (the source stage's output) is read by name straight into ``dtype`` (:meth:`Stored.read_as`),
+    never a whole copy of it, its names and shapes checked before any value is read. Any other is
+    read whole and normalised, then cast tensor by tensor."""
+    stored = Stored.open(src)
+    p = plan(stored, family)
+    if p.layout == p.family.layouts[0] and p.meta is not None and set(p.meta) == set(stored.entries):
+        return p.geometry, ((name, stored.read_as(name, dtype)) for name in p.meta)
+    normal = p.family.normalize(stored.read_all(), p.geometry, stored.where)  # e.g. a tied head left out
+    return p.geometry, ((k, v.to(dtype)) for k, v in normal.items())
 
 
 def write_normalized(src: str | Path, dst: str | Path, family=None) -> Checkpoint:
     """Read, check and normalise ``src`` as :func:`read_checkpoint` does and write the normal form to
-    ``dst`` as :func:`save_normalized` does (a single split-layout ``.safetensors`` is copied
-    unchanged), holding one tensor at a time: names, dtypes and shapes are checked from the
-    safetensors headers before any data is read, then each tensor is read (pread, never mmap'd),
-    checked (:func:`check_values`), turned into its normal-form parts (the family's ``normal_parts``:
-    renames, splits) and written at its place in ``dst`` (:mod:`.safetensors_stream`, the bytes of
-    ``save_file``). The returned Checkpoint's tensors are on the meta device (names, shapes,
-    dtypes). A pickle, a layout that must be read whole, or a checkpoint whose headers, config.json
-    or names show a problem, is read whole by :func:`read_checkpoint`, which reports it as ever."""
-    src, dst = Path(src), Path(dst)
-    files = weight_files(src)
-    index = shard_index(src) if src.is_dir() else None
-    refs = _scan_safetensors(files, index) if all(f.suffix == ".safetensors" for f in files) else None
-    if family is None and refs is not None:
-        family = detect_family(refs, files[0] if len(files) == 1 else src)
-    layout = family.detect_layout(refs) if refs is not None else None
-    if layout is None or not family.streams(layout):
-        return _write_in_memory(family, src, dst)
-    cfg_dir = src if src.is_dir() else src.parent
-    try:
-        geom = load_geometry(family, cfg_dir)
-        meta = family.normalize({n: torch.empty(shape, dtype=dtype, device="meta")
-                                 for n, (_, dtype, shape) in refs.items()}, geom, files[0] if len(files) == 1 else src)
-    except PipelineError:  # read_tensors first: a bad value is reported before a bad name, as ever
-        return _write_in_memory(family, src, dst)
-    used = list(files) + ([src / INDEX_FILE] if index is not None else []) + [cfg_dir / "config.json"]
-    copy = layout == family.layouts[0] and len(files) == 1
+    ``dst`` as :func:`save_normalized` does (a single normal-form ``.safetensors`` is copied
+    unchanged). A layout the family normalises tensor by tensor (``family.streams``) is written
+    holding one tensor at a time: names, dtypes and shapes are checked first (:func:`plan`), then
+    each tensor is read, checked, turned into its normal-form parts (the family's
+    ``normal_parts``: renames, splits) and written at its place in ``dst``
+    (:mod:`.safetensors_stream`, the bytes of ``save_file``); the returned Checkpoint's tensors are
+    then on the meta device (names, shapes, dtypes). Any other layout is read whole and normalised
+    in memory (e.g. a tied head the file leaves out)."""
+    stored, dst = Stored.open(src), Path(dst)
+    p = plan(stored, family)
+    as_is = p.layout == p.family.layouts[0] and len(stored.files) == 1 and stored.files[0].suffix == ".safetensors"
+    if not p.family.streams(p.layout):
+        normal = p.family.normalize(stored.read_all(), p.geometry, stored.where)
+        if as_is and set(stored.entries) == set(normal):
+            shutil.copyfile(stored.files[0], dst)  # already the normal form: bytes unchanged
+        else:
+            save_normalized(normal, dst)
+        return Checkpoint(p.geometry, normal, p.layout, stored.files, p.inputs, p.family)
 
-    def checked() -> Iterator[tuple[str, torch.Tensor]]:
-        """Every tensor of every file, in read_tensors' order, checked, in its normal form."""
-        total = sum(torch.Size(shape).numel() * dtype.itemsize for _, dtype, shape in refs.values())
-        with Progress("normalising weights", total=total, unit="B") as bar:
-            for f in files:
-                with safe_open(f, framework="pt", backend="pread") as fh:
-                    for name in fh.keys():
-                        try:
-                            t = fh.get_tensor(name)
-                        except Exception as exc:  # noqa: BLE001 - as _file_tensors reports it
-                            raise PipelineError(f, f"cannot read safetensors ({exc})",
-                                                "re-download the file; it is truncated or corrupted") from None
-                        check_values(f, name, t)
-                        yield from family.normal_parts(layout, name, t)
-                        bar.update(t.numel() * t.element_size())
-                        del t
+    def parts() -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor, in file order, checked, in its normal form."""
+        with Progress("normalising weights", total=sum(e.nbytes for e in stored.entries.values()), unit="B") as bar:
+            for name, t in stored:
+                yield from p.family.normal_parts(p.layout, name, t)
+                bar.update(t.numel() * t.element_size())
+                del t
 
-    if copy:
-        for name, t in checked():
+    if as_is:
+        for _, t in parts():
             del t  # checked; nothing to write
-        shutil.copyfile(files[0], dst)  # already the normal form: bytes unchanged
+        shutil.copyfile(stored.files[0], dst)  # already the normal form: bytes unchanged
     else:
-        save_streamed(dst, {n: (t.dtype, tuple(t.shape)) for n, t in meta.items()}, checked(), NORMAL_METADATA)
-    return Checkpoint(geom, meta, layout, files, used, family)
+        save_streamed(dst, {n: (t.dtype, tuple(t.shape)) for n, t in p.meta.items()}, parts(), NORMAL_METADATA)
+    return Checkpoint(p.geometry, p.meta, p.layout, stored.files, p.inputs, p.family)

@@ -35,6 +35,9 @@ DTYPES: dict[torch.dtype, str] = {
     torch.float8_e5m2: "F8_E5M2", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e4m3fnuz: "F8_E4M3FNUZ",
     torch.float8_e5m2fnuz: "F8_E5M2FNUZ", torch.float8_e8m0fnu: "F8_E8M0",
 }
+# the same table read the other way: a safetensors header's dtype name -> torch dtype (what the
+# checkpoint reader reads a header with; a name torch has no dtype for is absent)
+TORCH_DTYPES: dict[str, torch.dtype] = {name: dtype for dtype, name in DTYPES.items()}
 # the crate's ``Dtype`` enum, in declaration order (its ``Ord``): the data area is sorted by it, descending
 DTYPE_ORDER = ("BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ",
                "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64")
