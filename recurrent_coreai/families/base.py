@@ -20,7 +20,7 @@ converter classes and optimum's per-model export configs):
   state buffers, each state written exactly once per call;
 * **state specs** -- names, shapes and meanings (export.json records names and shapes; the card
   and catalog show the meanings);
-* **the tokenizer kind** (``world`` or ``hf-bpe``), **quantisation roles**, **card rows** and the
+* **the tokenizer kind** (a key of ``tokenizers.KINDS``: ``world``, ``hf-bpe``, ``sp-bpe``), **quantisation roles**, **card rows** and the
   sources coreai doctor lints.
 """
 
@@ -161,7 +161,7 @@ class Family(abc.ABC):
     name: ClassVar[str]                      # registry key, config's models.<m>.family
     display_name: ClassVar[str]              # e.g. "RWKV-7 (x070)"
     catalog_family: ClassVar[str]            # coreai-catalog's `family` (e.g. "RWKV", "Mamba")
-    tokenizer: ClassVar[str]                 # tokenizer kind: "world" | "hf-bpe"
+    tokenizer: ClassVar[str]                 # tokenizer kind: a key of tokenizers.KINDS
     layouts: ClassVar[tuple[str, ...]]       # accepted checkpoint layouts; [0] is the normal form
     synthetic_layouts: ClassVar[tuple[str, ...]]  # layouts a synthetic source may be written in
     hf_model_types: ClassVar[tuple[str, ...]]     # config.json model_type values it accepts

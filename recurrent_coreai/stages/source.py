@@ -70,7 +70,7 @@ def _write_synthetic(family, spec: dict, tok_settings: dict, out: Path, license_
                 (Path(raw) / "config.json").write_text(dumps_json(family.config_json(geom)))
             reader.write_normalized(Path(raw), out / reader.WEIGHT_FILE, family)
     (out / "config.json").write_text(dumps_json(family.config_json(geom)))
-    # a synthetic tokenizer (hf-bpe) is made for the model's vocabulary size; the World one is pinned
+    # a synthetic tokenizer (hf-bpe, sp-bpe) is made for the model's vocabulary size; the World one is pinned
     tokenizers.kind(family.tokenizer).source_files(out, {**tok_settings, "vocab_size": geom.vocab})
     front = yaml.safe_dump({"license": license_, "pipeline_tag": "text-generation"}, sort_keys=True, allow_unicode=True)
     (out / "README.md").write_text(
