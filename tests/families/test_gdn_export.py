@@ -167,3 +167,13 @@ def test_fla_mlp_width_rule_and_the_published_geometry():
                                          vocab_size=32000), "config.json")
     assert (g.intermediate, g.hv, g.head_v_dim, g.key_dim) == (5632, 8, 256, 2048)
     assert 1.3e9 < FAMILY.parameter_count(g) < 1.5e9
+
+
+@pytest.mark.parametrize("shape,layout", [("gva", "fla"), ("gva", "fla-zero-d"), ("plain", "fla-tied"),
+                                          ("plain", "fla-zero-d")])
+def test_the_streamed_synthetic_writer_writes_the_bytes_of_write_layout(tmp_path, shape, layout):
+    g = _geom(shape)
+    FAMILY.write_layout(dict(FAMILY.synthetic_tensors(g, 9)), tmp_path / "whole", layout, g)
+    FAMILY.write_synthetic(g, 9, tmp_path / "streamed", layout)
+    for name in ("model.safetensors", "config.json"):
+        assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "streamed" / name).read_bytes(), name

@@ -72,6 +72,10 @@ class GatedDeltaNetFamily(base.Family):
         """Every layout streams: they differ from the normal form by names only (normal_parts)."""
         return layout in self.layouts
 
+    def write_synthetic(self, geom: Geometry, seed: int, out_dir: Path, layout: str) -> Path:
+        """The synthetic weights written one tensor at a time (the bytes write_layout gives)."""
+        return _layouts.write_streamed(self.synthetic_tensors(geom, seed), out_dir, layout, geom)
+
     def write_layout(self, sd: Mapping[str, Any], out_dir: Path, layout: str, geom: Geometry | None = None) -> Path:
         if geom is None:
             raise TypeError("Gated DeltaNet write_layout needs geom= (norm_eps, allow_neg_eigval are not in the shapes)")

@@ -133,6 +133,36 @@ def write_layout(sd: Mapping[str, Any], out_dir: Path, layout: str, geom: Geomet
     return path
 
 
+def write_streamed(tensors: Iterable[tuple[str, Any]], out_dir: Path, layout: str, geom: Geometry) -> Path:
+    """What :func:`write_layout` writes (the same bytes), from normal-form (name, tensor) pairs in
+    normal_shapes order, holding one tensor at a time: a synthetic 1.3B (5.9 GB) is written in the
+    memory of its largest tensor."""
+    import torch
+
+    from recurrent_coreai.util.safetensors_stream import save_streamed
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown Gated DeltaNet layout {layout!r} (use one of {', '.join(LAYOUTS)})")
+    if layout == TIED and not geom.tie_embeddings:
+        raise ValueError("the fla-tied layout needs a tied geometry (tie_embeddings, lm_head equal to the embedding)")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    specs = {n: (torch.float32, s) for n, s in normal_shapes(geom).items() if not (layout == TIED and n == HEAD)}
+    zeros = {f"model.layers.{i}.attn.D": torch.zeros(geom.hv) for i in range(geom.layers)} if layout == ZERO_D else {}
+    specs.update({n: (torch.float32, tuple(t.shape)) for n, t in zeros.items()})
+
+    def pairs():
+        for name, t in tensors:
+            if name in specs:
+                yield name, t.float().contiguous()
+        yield from zeros.items()
+
+    path = out_dir / WEIGHT_FILE
+    save_streamed(path, specs, pairs(), NORMAL_METADATA)
+    (out_dir / "config.json").write_text(json.dumps(config_json(geom), indent=2) + "\n")
+    return path
+
+
 def read_dir(src: Path) -> tuple[Geometry, dict[str, Any], str]:
     """(geometry, normal-form weights, layout) of a directory written by :func:`write_layout` (a small
     reader for tests; the pipeline's reader does the same)."""
