@@ -504,8 +504,9 @@ class Plan:
     meta: dict[str, torch.Tensor] | None  # the normal form on the meta device (see :func:`plan`), else None
 
 
-def plan(stored: Stored, family=None, checked: bool = False) -> Plan:
-    """The family (given, or the one that recognises the names), the layout, the geometry and, for
+def plan(stored: Stored, family=None, checked: bool = False, geometry=None) -> Plan:
+    """The family (given, or the one that recognises the names), the layout, the geometry (given:
+    what the source stage recorded; else from config.json or the tensors) and, for
     a layout that normalises tensor by tensor (``family.streams``) or is the normal form itself,
     the normal form's names and shapes (``family.normalize`` on meta tensors: a missing, extra or
     misshaped tensor is named here). A problem here is reported after every value is checked
@@ -515,7 +516,7 @@ def plan(stored: Stored, family=None, checked: bool = False) -> Plan:
         family = family or detect_family(stored.entries, where)
         layout = check_family(family, stored.entries, where)
         cfg_dir = stored.src if stored.src.is_dir() else stored.src.parent
-        geom, cfg = _geometry(family, layout, stored, cfg_dir, where)
+        geom, cfg = (geometry, []) if geometry is not None else _geometry(family, layout, stored, cfg_dir, where)
         by_name = family.streams(layout) or layout == family.layouts[0]
         meta = family.normalize(stored.meta(), geom, where) if by_name else None
     except PipelineError:
@@ -553,14 +554,16 @@ def load_checkpoint(src: str | Path, dtype: torch.dtype | None = None, family=No
     return ck.geometry, sd
 
 
-def stream_checkpoint(src: str | Path, dtype: torch.dtype, family=None) -> tuple[object, Iterator[tuple[str, torch.Tensor]]]:
+def stream_checkpoint(src: str | Path, dtype: torch.dtype, family=None,
+                      geometry=None) -> tuple[object, Iterator[tuple[str, torch.Tensor]]]:
     """Geometry and the normalised weights as (name, tensor) pairs in ``dtype``, in the normal
     form's order, one tensor at a time: a checkpoint that is the normal form tensor for tensor
     (the source stage's output) is read by name straight into ``dtype`` (:meth:`Stored.read_as`),
     never a whole copy of it, its names and shapes checked before any value is read. Any other is
-    read whole and normalised, then cast tensor by tensor."""
+    read whole and normalised, then cast tensor by tensor. ``geometry``: the one the source stage
+    recorded (its manifest), taken as it is instead of read again from config.json."""
     stored = Stored.open(src)
-    p = plan(stored, family)
+    p = plan(stored, family, geometry=geometry)
     if p.layout == p.family.layouts[0] and p.meta is not None and set(p.meta) == set(stored.entries):
         return p.geometry, ((name, stored.read_as(name, dtype)) for name in p.meta)
     normal = p.family.normalize(stored.read_all(), p.geometry, stored.where)  # e.g. a tied head left out

@@ -29,7 +29,7 @@ from recurrent_coreai.coreai.entrypoints import DECODE, by_role
 from recurrent_coreai.coreai.stateful import PREFILL_CHUNK  # the default; config.yaml's prefill.chunk is the setting
 from recurrent_coreai.pipeline import stage
 from recurrent_coreai.pipeline.paths import bundle_name
-from recurrent_coreai.pipeline.records import EXPORT, write_sealed
+from recurrent_coreai.pipeline.records import EXPORT, read_manifest, write_sealed
 from recurrent_coreai.stages.model_source import family_and_source
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import atomic_path, tree_manifest
@@ -48,11 +48,12 @@ def example_inputs() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def load_module(family, source_dir: Path, dtype: torch.dtype, q: dict | None,
-                recipe_name: str) -> tuple[torch.nn.Module, list[dict], object]:
+                recipe_name: str, geometry=None) -> tuple[torch.nn.Module, list[dict], object]:
     """The decode module read from ``source_dir`` one tensor at a time in ``dtype`` and, for a
     quantised recipe, the plan: each planned linear is quantised as soon as its weight is read
-    (the decode module is quantised FIRST: every entry point is then built over it)."""
-    geom, weights = stream_checkpoint(source_dir, dtype, family)
+    (the decode module is quantised FIRST: every entry point is then built over it). ``geometry``:
+    the one the source stage recorded (None: read from the directory's config.json)."""
+    geom, weights = stream_checkpoint(source_dir, dtype, family, geometry)
     if not q:
         return family.build_decode(weights, geom, dtype), [], geom
     # a tied linear (a head tied to the embedding) is kept unless a raw include names it
@@ -67,8 +68,9 @@ def load_module(family, source_dir: Path, dtype: torch.dtype, q: dict | None,
 
 
 def export_recipe(family, source_dir: Path, recipe_name: str, recipe: dict, bundle: str, out_dir: Path,
-                  chunk: int = PREFILL_CHUNK) -> dict:
-    """``<bundle>.aimodel`` and ``export.json`` of one recipe of a ``family`` model in ``out_dir``."""
+                  chunk: int = PREFILL_CHUNK, geometry=None) -> dict:
+    """``<bundle>.aimodel`` and ``export.json`` of one recipe of a ``family`` model in ``out_dir``;
+    ``geometry``: the source stage's (its manifest's), else read from the directory's config.json."""
     if not 1 <= chunk <= family.max_chunk:
         raise PipelineError(f"prefill.chunk {chunk}", f"is outside 1..{family.max_chunk}, what family {family.name}'s "
                             "chunked prefill allows", f"set prefill.chunk to at most {family.max_chunk}")
@@ -82,7 +84,7 @@ def export_recipe(family, source_dir: Path, recipe_name: str, recipe: dict, bund
                             "set dtype: float16 for a quantised recipe")
     t0 = time.perf_counter()
     map_large_allocations()
-    module, layers, geom = load_module(family, source_dir, dtype, q, recipe_name)
+    module, layers, geom = load_module(family, source_dir, dtype, q, recipe_name, geometry)
     states = tuple(s.name for s in family.state_specs(geom))
     with atomic_path(out_dir, directory=True) as tmp:
         aimodel = tmp / f"{bundle}.aimodel"
@@ -126,9 +128,10 @@ def main(argv=None) -> int:
     ns = stage.parser("export", "model", "recipe", "source", "out").parse_args(argv)
     s, _ = stage.setup("export", ns)
     t0 = time.perf_counter()
-    family, source = family_and_source(s, ns.model, ns.source)
+    family, source = family_and_source(s, ns.model, ns.source)  # the manifest checked, and every file against it
+    geom = family.geometry_from_dict(read_manifest(source, files=False)["geometry"])  # as the source stage found it
     rec = export_recipe(family, source, ns.recipe, s["recipes"][ns.recipe],
-                        bundle_name(s["models"][ns.model], ns.recipe), Path(ns.out), s["prefill"]["chunk"])
+                        bundle_name(s["models"][ns.model], ns.recipe), Path(ns.out), s["prefill"]["chunk"], geom)
     alone = rec["size_bytes_decode_only"]
     stage.log.info("export %s/%s: %s, %.1f MB (%s without prefill) in %.1f s, peak RSS %.0f MB; "
                    "functions %s; quantised %d linears, kept %d", ns.model, ns.recipe, rec["bundle"], rec["size_bytes"] / 1e6,
