@@ -595,7 +595,13 @@ def write_normalized(src: str | Path, dst: str | Path, family=None) -> Checkpoin
         """Every tensor, in file order, checked, in its normal form."""
         with Progress("normalising weights", total=sum(e.nbytes for e in stored.entries.values()), unit="B") as bar:
             for name, t in stored:
-                yield from p.family.normal_parts(p.layout, name, t)
+                try:
+                    parts = p.family.normal_parts(p.layout, name, t)
+                except PipelineError as exc:  # a family names the tensor (base.Family.normal_parts); we know the file
+                    if exc.where != name:
+                        raise
+                    raise PipelineError(stored.where, f"tensor {name} {exc.what}", exc.fix) from None
+                yield from parts
                 bar.update(t.numel() * t.element_size())
                 del t
 

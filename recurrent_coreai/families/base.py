@@ -245,7 +245,9 @@ class Family(abc.ABC):
         return layout == self.layouts[0]
 
     def normal_parts(self, layout: str, name: str, tensor: Any) -> list[tuple[str, Any]]:
-        """The normal-form tensors ONE stored tensor of a streaming layout (:meth:`streams`) becomes."""
+        """The normal-form tensors ONE stored tensor of a streaming layout (:meth:`streams`) becomes
+        (none: a tensor the normal form drops). A problem with its values is a PipelineError whose
+        ``where`` is the tensor's name: the reader puts the file in its place."""
         return self._own("layouts", "normal_parts")(layout, name, tensor)
 
     def synthetic_tensors(self, geom: Geometry, seed: int) -> Iterator[tuple[str, Any]]:

@@ -55,8 +55,9 @@ def _shape(shape) -> str:
 def check_d(name: str, t: Any, where: str | Path) -> None:
     """The stated rule for an ``attn.D``: all zero, else refused."""
     if not t.is_meta and bool((t != 0).any()):
-        raise PipelineError(where, f"tensor {name} is not all zero (max |D| {float(t.abs().max()):.3g}): fla's Gated "
-                            "DeltaNet has no D skip term, so a nonzero D would change the model",
+        what = (f"is not all zero (max |D| {float(t.abs().max()):.3g}): fla's Gated DeltaNet has no D skip term, so a "
+                "nonzero D would change the model")
+        raise PipelineError(where, what if where == name else f"tensor {name} {what}",
                             "use a checkpoint that fla's GatedDeltaNetForCausalLM loads (its attn.D all zero or absent)")
 
 
