@@ -468,9 +468,10 @@ def source_files(out: Path, settings: Mapping) -> None:
         "model_max_length": 1000000000000000019884624838656}, indent=2, sort_keys=True) + "\n")
 
 
-def carry(base: Path, out: Path, settings: Mapping) -> list[Path]:
-    """Copy a checkpoint's tokenizer files into ``out`` (its tokenizer.json verified first); returns
-    the files read."""
+def carry_checked(load_file, base: Path, out: Path, settings: Mapping) -> list[Path]:
+    """Copy a checkpoint's tokenizer files (:data:`CARRY`) into ``out``, its tokenizer.json verified
+    first by the kind's ``load_file`` (with the pin); returns the files read. Every tokenizer.json
+    kind's ``carry``."""
     import shutil
 
     base = Path(base)
@@ -481,14 +482,25 @@ def carry(base: Path, out: Path, settings: Mapping) -> list[Path]:
     return carried
 
 
-def fits(source_dir: Path, settings: Mapping, rows: Mapping[str, int], where: str | Path) -> int:
-    """Every id of the source's tokenizer.json (added tokens included) has a row in each tensor of
-    ``rows`` ({tensor: rows}); else one line at ``where``. Returns the tokenizer's number of ids."""
+def fits_checked(load_file, source_dir: Path, settings: Mapping, rows: Mapping[str, int], where: str | Path) -> int:
+    """Every id of the source's tokenizer.json (read by the kind's ``load_file``; added tokens
+    included) has a row in each tensor of ``rows`` ({tensor: rows}); else one line at ``where``.
+    Returns the tokenizer's number of ids. Every tokenizer.json kind's ``fits``."""
     tok = load_file(Path(source_dir) / TOKENIZER_FILE, settings.get(PIN))
     fit.check(where, rows, tok.n_ids, f"its {TOKENIZER_FILE}",
               f"use the {TOKENIZER_FILE} that belongs to this checkpoint (every token id needs a row in the "
               "embedding and the head)")
     return tok.n_ids
+
+
+def carry(base: Path, out: Path, settings: Mapping) -> list[Path]:
+    """:func:`carry_checked` with this kind's loader."""
+    return carry_checked(load_file, base, out, settings)
+
+
+def fits(source_dir: Path, settings: Mapping, rows: Mapping[str, int], where: str | Path) -> int:
+    """:func:`fits_checked` with this kind's loader."""
+    return fits_checked(load_file, source_dir, settings, rows, where)
 
 
 def bake_stage(source_dir: Path, out_dir: Path, settings: Mapping) -> dict:

@@ -73,7 +73,7 @@ import re
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from recurrent_coreai.tokenizers import PIN, bpe, fit
+from recurrent_coreai.tokenizers import bpe
 from recurrent_coreai.util.errors import PipelineError
 
 UNK, BOS, EOS = "<unk>", "<s>", "</s>"   # ids 0, 1, 2 in Llama; BOS / EOS: the kind's defaults
@@ -378,26 +378,13 @@ def source_files(out: Path, settings: Mapping) -> None:
 
 
 def carry(base: Path, out: Path, settings: Mapping) -> list[Path]:
-    """Copy a checkpoint's tokenizer files into ``out`` (its tokenizer.json verified first); returns
-    the files read."""
-    import shutil
-
-    base = Path(base)
-    load_file(base / TOKENIZER_FILE, settings.get(PIN))
-    carried = [base / name for name in CARRY if (base / name).is_file()]
-    for f in carried:
-        shutil.copyfile(f, Path(out) / f.name)
-    return carried
+    """A checkpoint's tokenizer files, verified by this kind (bpe.carry_checked)."""
+    return bpe.carry_checked(load_file, base, out, settings)
 
 
 def fits(source_dir: Path, settings: Mapping, rows: Mapping[str, int], where: str | Path) -> int:
-    """Every id of the source's tokenizer.json (added tokens included) has a row in each tensor of
-    ``rows`` ({tensor: rows}); else one line at ``where``. Returns the tokenizer's number of ids."""
-    tok = load_file(Path(source_dir) / TOKENIZER_FILE, settings.get(PIN))
-    fit.check(where, rows, tok.n_ids, f"its {TOKENIZER_FILE}",
-              f"use the {TOKENIZER_FILE} that belongs to this checkpoint (every token id needs a row in the "
-              "embedding and the head)")
-    return tok.n_ids
+    """Every id has a row in the model (bpe.fits_checked, this kind's loader)."""
+    return bpe.fits_checked(load_file, source_dir, settings, rows, where)
 
 
 def bake_stage(source_dir: Path, out_dir: Path, settings: Mapping) -> dict:
