@@ -15,11 +15,24 @@ from recurrent_coreai import families
 from recurrent_coreai.stages.source import build_source
 from recurrent_coreai.util.errors import PipelineError
 
+
+def write_tiny(family, layout: str, weights, dest, geom):
+    """``family.write_layout`` of its tiny model; a layout only other geometries can be written in
+    (one outside ``synthetic_layouts`` that write_layout refuses, e.g. Gated DeltaNet's fla-tied for
+    an untied shape) is skipped, saying why: the family's own tests cover it."""
+    try:
+        return family.write_layout(weights, dest, layout, geom)
+    except ValueError as exc:
+        if layout in family.synthetic_layouts:
+            raise
+        pytest.skip(f"{family.name} writes its {layout} layout only from another geometry than its tiny_shape ({exc})")
+
+
 def checkpoint(family_name: str, layout: str, dest):
     family = families.get(family_name)
     geom = family.geometry_from_shape(family.tiny_shape, "test")
     dest.mkdir(parents=True, exist_ok=True)
-    family.write_layout(dict(family.synthetic_tensors(geom, 1)), dest, layout, geom)
+    write_tiny(family, layout, dict(family.synthetic_tensors(geom, 1)), dest, geom)
     return dest
 
 
@@ -35,9 +48,9 @@ def build(tmp_path, family: str, src) -> PipelineError:
 
 
 def mismatches() -> list[tuple[str, str, str]]:
-    """(actual family, its layout, the family config.yaml names): every layout each registered family
-    writes (synthetic_layouts), given as each other family."""
-    return [(actual, layout, given) for actual in families.available() for layout in families.get(actual).synthetic_layouts
+    """(actual family, its layout, the family config.yaml names): every layout of every registered
+    family (its tiny model written in it: :func:`write_tiny`), given as each other family."""
+    return [(actual, layout, given) for actual in families.available() for layout in families.get(actual).layouts
             for given in families.available() if given != actual]
 
 
