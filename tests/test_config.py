@@ -10,6 +10,7 @@ import sys
 import pytest
 import yaml
 
+from recurrent_coreai import families
 from recurrent_coreai.pipeline import config
 from recurrent_coreai.util.errors import PipelineError
 
@@ -20,7 +21,9 @@ def raw(repo_root):
 
 
 def test_shipped_config_is_valid(cfg):
-    assert config.models_to_build(cfg) == ["mamba2-tiny", "rwkv6-tiny", "rwkv7-tiny"]  # one per family
+    built = config.models_to_build(cfg)   # the offline default: one synthetic model per registered family
+    assert sorted(cfg["models"][m]["family"] for m in built) == sorted(families.available())
+    assert all(cfg["models"][m]["source"]["kind"] == "synthetic" for m in built)
     goose = cfg["models"]["rwkv7-goose-1.5b"]
     assert goose["source"]["repo"] == "RWKV/RWKV7-Goose-World3-1.5B-HF"
     assert config.HEX40.match(goose["source"]["revision"])
@@ -163,7 +166,8 @@ def test_config_flag_overrides_reach_the_stages_through_one_effective_file(repo_
     proc = _snakemake(repo_root, "publish", "-p", "--config", f"results={tmp_path}/elsewhere")
     assert proc.returncode == 0, proc.stderr[-2000:]
     cmds = _commands(proc)
-    models = ("mamba2-tiny", "rwkv6-tiny", "rwkv7-tiny")
+    models = config.models_to_build(config.load(repo_root / "config.yaml"))
+    assert len(models) == len(families.available())
     assert cmds and all(any(f"{tmp_path}/elsewhere/{m}" in c for m in models) or "toolchain" in c for c in cmds)
     files = {c.split("--config-file ")[1].split()[0] for c in cmds}
     assert len(files) == 1 and next(iter(files)).startswith(".snakemake/rwkv7/config-")

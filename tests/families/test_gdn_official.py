@@ -384,7 +384,7 @@ def _lagged_conv_silu(prev, x, weight):
 BREAKS = {
     "q/k L2 norm skipped": [(rec, "l2norm", lambda x: x)],
     "beta sigmoid dropped": [(rec, "beta", lambda b, allow_neg_eigval: b * 2.0 if allow_neg_eigval else b)],
-    "gate sign flipped": [(rec, "gate", lambda a, A_log, dt_bias: torch.exp(A_log) * rec.softplus(a + dt_bias))],
+    "gate sign flipped": [(rec, "gate", lambda a, A_log, dt_bias: torch.exp(A_log) * rec.log1p_exp(a + dt_bias))],
     "conv window shifted by one": [(rec, "conv_silu", _lagged_conv_silu),
                                    (export_modules, "short_conv", _lagged_short_conv)],
 }
