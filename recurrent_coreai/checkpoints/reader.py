@@ -507,7 +507,7 @@ class Plan:
 def plan(stored: Stored, family=None, checked: bool = False, geometry=None) -> Plan:
     """The family (given, or the one that recognises the names), the layout, the geometry (given:
     what the source stage recorded; else from config.json or the tensors) and, for
-    a layout that normalises tensor by tensor (``family.streams``) or is the normal form itself,
+    a layout that normalises tensor by tensor (``family.normal_stream``) or is the normal form itself,
     the normal form's names and shapes (``family.normalize`` on meta tensors: a missing, extra or
     misshaped tensor is named here). A problem here is reported after every value is checked
     (``checked``: they were already): a corrupted file is named as corrupted first."""
@@ -517,7 +517,7 @@ def plan(stored: Stored, family=None, checked: bool = False, geometry=None) -> P
         layout = check_family(family, stored.entries, where)
         cfg_dir = stored.src if stored.src.is_dir() else stored.src.parent
         geom, cfg = (geometry, []) if geometry is not None else _geometry(family, layout, stored, cfg_dir, where)
-        by_name = family.streams(layout) or layout == family.layouts[0]
+        by_name = family.normal_stream(layout, geom, stored.entries) is not None or layout == family.layouts[0]
         meta = family.normalize(stored.meta(), geom, where) if by_name else None
     except PipelineError:
         if not checked:
@@ -573,17 +573,19 @@ def stream_checkpoint(src: str | Path, dtype: torch.dtype, family=None,
 def write_normalized(src: str | Path, dst: str | Path, family=None) -> Checkpoint:
     """Read, check and normalise ``src`` as :func:`read_checkpoint` does and write the normal form to
     ``dst`` as :func:`save_normalized` does (a single normal-form ``.safetensors`` is copied
-    unchanged). A layout the family normalises tensor by tensor (``family.streams``) is written
+    unchanged). A layout the family normalises tensor by tensor (``family.normal_stream``) is written
     holding one tensor at a time: names, dtypes and shapes are checked first (:func:`plan`), then
     each tensor is read, checked, turned into its normal-form parts (the family's
-    ``normal_parts``: renames, splits) and written at its place in ``dst``
+    ``normal_stream``, by default its ``normal_parts``: renames, splits) and written at its place in ``dst``
     (:mod:`.safetensors_stream`, the bytes of ``save_file``); the returned Checkpoint's tensors are
     then on the meta device (names, shapes, dtypes). Any other layout is read whole and normalised
-    in memory (e.g. a tied head the file leaves out)."""
+    in memory. A family may stream with its geometry and the stored names (``family.normal_stream``:
+    e.g. a tied head the file leaves out, written from the embedding)."""
     stored, dst = Stored.open(src), Path(dst)
     p = plan(stored, family)
     as_is = p.layout == p.family.layouts[0] and len(stored.files) == 1 and stored.files[0].suffix == ".safetensors"
-    if not p.family.streams(p.layout):
+    split = p.family.normal_stream(p.layout, p.geometry, stored.entries)
+    if split is None:
         normal = p.family.normalize(stored.read_all(), p.geometry, stored.where)
         if as_is and set(stored.entries) == set(normal):
             shutil.copyfile(stored.files[0], dst)  # already the normal form: bytes unchanged
@@ -596,7 +598,7 @@ def write_normalized(src: str | Path, dst: str | Path, family=None) -> Checkpoin
         with Progress("normalising weights", total=sum(e.nbytes for e in stored.entries.values()), unit="B") as bar:
             for name, t in stored:
                 try:
-                    parts = p.family.normal_parts(p.layout, name, t)
+                    parts = split(name, t)
                 except PipelineError as exc:  # a family names the tensor (base.Family.normal_parts); we know the file
                     if exc.where != name:
                         raise
@@ -605,7 +607,7 @@ def write_normalized(src: str | Path, dst: str | Path, family=None) -> Checkpoin
                 bar.update(t.numel() * t.element_size())
                 del t
 
-    if as_is:
+    if as_is and set(stored.entries) == set(p.meta):  # not, e.g., a tied head the file leaves out
         for _, t in parts():
             del t  # checked; nothing to write
         shutil.copyfile(stored.files[0], dst)  # already the normal form: bytes unchanged

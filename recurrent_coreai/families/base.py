@@ -250,6 +250,18 @@ class Family(abc.ABC):
         ``where`` is the tensor's name: the reader puts the file in its place."""
         return self._own("layouts", "normal_parts")(layout, name, tensor)
 
+    def normal_stream(self, layout: str, geom: Geometry,
+                      names: Iterable[str]) -> Callable[[str, Any], list[tuple[str, Any]]] | None:
+        """How a checkpoint in ``layout`` holding the tensors ``names`` is normalised while streamed: a
+        function of (stored name, tensor) giving that tensor's normal-form parts, called once per
+        stored tensor in file order (a fresh one per checkpoint); None when it is read whole. By
+        default :meth:`normal_parts` where :meth:`streams` says so. A family whose streaming needs
+        the geometry or the other names (a tied head left out, or stored beside its embedding and
+        checked equal to it) overrides this one."""
+        if not self.streams(layout):
+            return None
+        return lambda name, tensor: self.normal_parts(layout, name, tensor)
+
     def synthetic_tensors(self, geom: Geometry, seed: int) -> Iterator[tuple[str, Any]]:
         """Seeded random weights in the normal form, one tensor at a time, :meth:`normal_shapes`
         order; the same seed gives the same bytes."""

@@ -66,9 +66,21 @@ class Mamba2Family(base.Family):
 
     # --- checkpoints ---------------------------------------------------------------------
     def streams(self, layout: str) -> bool:
-        """Neither layout streams: whether lm_head is tied (materialised from the embedding) is in
-        config.json, not in the tensor names."""
+        """Neither layout normalises by its tensor names alone: whether lm_head is tied (materialised
+        from the embedding, or checked equal to it) is in config.json. Both stream with the geometry
+        (:meth:`normal_stream`); a synthetic source is written in its layout and normalised so."""
         return False
+
+    def normal_stream(self, layout: str, geom: Geometry, names):
+        """Both layouts, one tensor at a time with the geometry (layouts.normal_stream)."""
+        return _layouts.normal_stream(layout, geom, names) if layout in self.layouts else None
+
+    def write_synthetic(self, geom: Geometry, seed: int, out_dir: Path, layout: str) -> Path:
+        """``hf``: written one tensor at a time (the bytes write_layout gives); ``mamba-ssm``: a
+        pickle, written whole by torch.save (write_layout)."""
+        if layout == _layouts.HF:
+            return _layouts.write_streamed(self.synthetic_tensors(geom, seed), out_dir, geom)
+        return super().write_synthetic(geom, seed, out_dir, layout)
 
     def write_layout(self, sd: Mapping[str, Any], out_dir: Path, layout: str, geom: Geometry | None = None) -> Path:
         """As the seam says, plus ``geom``: Mamba-2's n_groups and norm eps are not in the tensor

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from recurrent_coreai.families.mamba2.geometry import (Geometry, geometry_from_config, hf_config, mamba_ssm_config,
                                                         normal_shapes)
@@ -31,7 +31,9 @@ LAYOUTS = (HF, MAMBA_SSM)
 WEIGHT_FILES = {HF: "model.safetensors", MAMBA_SSM: "pytorch_model.bin"}
 EMBED = {HF: "backbone.embeddings.weight", MAMBA_SSM: "backbone.embedding.weight"}
 HEAD = "lm_head.weight"
+NORMAL_EMBED = EMBED[HF]
 NORMAL_METADATA = {"format": "pt"}
+TIED_FIX = "set tie_embeddings/tie_word_embeddings false in config.json if the head is its own tensor"
 
 
 def detect_layout(names: Iterable[str]) -> str | None:
@@ -69,8 +71,7 @@ def normalize(sd: Mapping[str, Any], geom: Geometry, where: str | Path) -> dict[
         head, emb = renamed[HEAD], renamed["backbone.embeddings.weight"]
         if not head.is_meta and not emb.is_meta and (head.shape != emb.shape or not bool((head == emb).all())):
             raise PipelineError(where, f"tensor {HEAD} differs from the tied embedding {embed} "
-                                "(config.json ties them)", "set tie_embeddings/tie_word_embeddings false in "
-                                "config.json if the head is its own tensor")
+                                "(config.json ties them)", TIED_FIX)
         renamed[HEAD] = emb.clone() if head is emb else head
     for name, shape in expected.items():
         if name not in renamed:
@@ -98,10 +99,65 @@ def normalize(sd: Mapping[str, Any], geom: Geometry, where: str | Path) -> dict[
 
 
 def normal_parts(layout: str, name: str, tensor: Any) -> list[tuple[str, Any]]:
-    """One stored tensor's normal-form name (the embedding's rename). Not used for streaming
-    (Mamba2Family.streams is False): a tied head must be materialised from the embedding, and
-    which checkpoint ties is in its config.json, not in a tensor's name."""
+    """One stored tensor's normal-form name (the embedding's rename). Streaming needs more than
+    this (:func:`normal_stream`): whether the head is tied is in config.json, not in a tensor's name."""
     return [("backbone.embeddings.weight" if name == EMBED[MAMBA_SSM] else name, tensor)]
+
+
+def normal_stream(layout: str, geom: Geometry, names: Iterable[str]) -> Callable[[str, Any], list[tuple[str, Any]]]:
+    """What :func:`normalize` does, one stored tensor at a time (the reader's streamed write): the
+    embedding's rename; a tied head the file leaves out written from the embedding; a tied head
+    stored beside the embedding checked equal to it when the second of the two comes (only the
+    first is held), then written as it is stored (what normalize keeps). Every name and shape was
+    checked before (normalize on meta tensors)."""
+    embed, tied, head_stored = EMBED[layout], geom.tie_embeddings, HEAD in set(names)
+    held: dict[str, Any] = {}
+
+    def parts(name: str, tensor: Any) -> list[tuple[str, Any]]:
+        normal = NORMAL_EMBED if name == embed else name
+        if tied and not head_stored and normal == NORMAL_EMBED:
+            return [(NORMAL_EMBED, tensor), (HEAD, tensor)]
+        if tied and head_stored and normal in (NORMAL_EMBED, HEAD):
+            other = HEAD if normal == NORMAL_EMBED else NORMAL_EMBED
+            if other not in held:
+                held[normal] = tensor
+            else:
+                first = held.pop(other)
+                if first.shape != tensor.shape or not bool((first == tensor).all()):
+                    what = (f"differs from the tied embedding {embed}" if normal == HEAD
+                            else f"differs from the tied head {HEAD}")
+                    raise PipelineError(name, f"{what} (config.json ties them)", TIED_FIX)
+        return [(normal, tensor)]
+
+    return parts
+
+
+def write_streamed(tensors: Iterable[tuple[str, Any]], out_dir: Path, geom: Geometry) -> Path:
+    """What :func:`write_layout` writes in the ``hf`` layout (the same bytes), from normal-form
+    (name, tensor) pairs in normal_shapes order, holding one tensor at a time (a tied head is left
+    out, as transformers saves it: the pairs stop before it)."""
+    import torch
+
+    from recurrent_coreai.util.safetensors_stream import save_streamed
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    specs = {n: (torch.float32, s) for n, s in normal_shapes(geom).items() if not (geom.tie_embeddings and n == HEAD)}
+
+    def pairs():
+        left = set(specs)
+        for name, t in tensors:
+            if name in left:
+                left.discard(name)
+                yield name, t.contiguous()
+            del t
+            if not left:
+                return  # a tied head is never drawn into a copy only to be dropped
+
+    path = out_dir / WEIGHT_FILES[HF]
+    save_streamed(path, specs, pairs(), NORMAL_METADATA)
+    (out_dir / "config.json").write_text(json.dumps(hf_config(geom), indent=2) + "\n")
+    return path
 
 
 def write_layout(sd: Mapping[str, Any], out_dir: Path, layout: str, geom: Geometry) -> Path:

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import torch
 
-from recurrent_coreai.families.draws import Draws
+from recurrent_coreai.families.draws import RANDN_CHUNK, Draws
 from recurrent_coreai.families.mamba2.geometry import Geometry, normal_shapes
 
 LM_HEAD_GAIN = 3.0        # base logit std (norm_f output has unit RMS)
@@ -27,9 +27,20 @@ A_RANGE = (1.0, 16.0)
 
 
 def _head(shape, g: Geometry, d: Draws) -> torch.Tensor:
-    rows = torch.exp(d.normal((shape[0], 1), LM_HEAD_ROW_SPREAD, exact=True))
-    w = d.normal(shape, LM_HEAD_GAIN / math.sqrt(g.hidden), exact=True)
-    return (w * rows).float()
+    """``(d.normal(shape, gain, exact=True) * rows).float()`` with ``rows = exp(d.normal((V, 1),
+    spread, exact=True))``, the same values, made RANDN_CHUNK values at a time: never a float64
+    table (a 50288 x 2048 head would be two 824 MB float64 temporaries beside its 412 MB). The
+    draws are calls of RANDN_CHUNK values, then one of the rest (families/draws.py: what one call
+    draws); each value is multiplied by its row's factor in float64 and cast once, as the whole."""
+    rows = torch.exp(d.normal((shape[0], 1), LM_HEAD_ROW_SPREAD, exact=True)).reshape(-1)
+    out = torch.empty(tuple(shape), dtype=torch.float32)
+    flat, at, width = out.view(-1), 0, shape[1]
+    while at < flat.numel():
+        n = flat.numel() - at if flat.numel() - at < 2 * RANDN_CHUNK else RANDN_CHUNK
+        w = d.normal((n,), LM_HEAD_GAIN / math.sqrt(g.hidden), exact=True)
+        flat[at:at + n] = w.mul_(rows[torch.arange(at, at + n) // width])  # the one cast, as (w * rows).float()
+        at += n
+    return out
 
 
 def _init(name: str, shape: tuple[int, ...], g: Geometry, d: Draws) -> torch.Tensor:
