@@ -82,6 +82,13 @@ class Rwkv6Family(Family):
     def streams(self, layout: str) -> bool:
         return layout in _layouts.LAYOUTS      # both are renames: normalised tensor by tensor
 
+    def write_synthetic(self, geom: Geometry, seed: int, out_dir: Path, layout: str) -> Path:
+        """``hf`` (the normal form): written one tensor at a time (the bytes write_layout gives);
+        ``blinkdl``: a pickle, written whole by torch.save (write_layout)."""
+        if layout == _layouts.HF:
+            return _layouts.write_streamed(self.synthetic_tensors(geom, seed), out_dir, geom)
+        return super().write_synthetic(geom, seed, out_dir, layout)
+
     def write_layout(self, sd: Mapping[str, Any], out_dir: Path, layout: str, geom: Geometry | None = None) -> Path:
         return _layouts.write_layout(sd, out_dir, layout)
 

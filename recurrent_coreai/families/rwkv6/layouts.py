@@ -140,6 +140,28 @@ def hf_names() -> dict[str, str]:
             "decay_w1": "rwkv.blocks.0.attention.time_decay_w1", "block_re": r"^rwkv\.blocks\.(\d+)\."}
 
 
+def write_streamed(tensors: Iterable[tuple[str, Any]], out_dir: Path, geom: Geometry) -> Path:
+    """What :func:`write_layout` writes in the ``hf`` layout (the same bytes: model.safetensors and
+    config.json), from normal-form (name, tensor) pairs in normal_shapes order, holding one tensor at
+    a time: a synthetic 1.6B (6.4 GB) is written in the memory of its largest tensor."""
+    import torch
+
+    from recurrent_coreai.util.safetensors_stream import save_streamed
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shapes = normal_shapes(geom)
+    path = out_dir / WEIGHT_FILES[HF]
+    save_streamed(path, {n: (torch.float32, s) for n, s in shapes.items()},
+                  ((n, t.contiguous()) for n, t in tensors), NORMAL_METADATA)
+    # config.json as write_layout makes it: from the geometry the tensor shapes give
+    from recurrent_coreai.families.rwkv6.geometry import geometry_from_tensors
+
+    written = geometry_from_tensors(shapes, hf_names(), LABELS[HF], out_dir)
+    (out_dir / "config.json").write_text(json.dumps(config_json(written), indent=2) + "\n")
+    return path
+
+
 def write_layout(sd: Mapping[str, Any], out_dir: Path, layout: str) -> Path:
     """Normal-form weights written in ``layout``: ``hf`` -> model.safetensors (save_file, metadata
     {"format": "pt"}) + config.json; ``blinkdl`` -> model.pth (torch.save), no config.json."""
