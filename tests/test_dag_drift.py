@@ -7,6 +7,7 @@ import copy
 import pytest
 import yaml
 
+from recurrent_coreai import families
 from recurrent_coreai.pipeline import config
 from recurrent_coreai.pipeline import dag
 from recurrent_coreai.pipeline import fingerprint
@@ -26,11 +27,14 @@ def test_dvc_parses_the_same_stages(repo_root, jobs, cfg):
     assert dag.drift(jobs, dag.dvc_index(repo_root), cfg) == []
 
 
-def test_every_stage_kind_is_present(jobs):
+def test_every_stage_kind_is_present(jobs, cfg):
     rules = {j["rule"] for j in jobs}
     assert rules == {"toolchain", "source", "vocab", "reference", "export", "aot", "gate", "doctor", "card",
                      "report", "stage_and_push", "publish"}
-    assert sum(j["rule"] == "export" for j in jobs) == 9  # three recipes of each family's tiny model
+    # one export per recipe of each model the default builds: a tiny model of every registered family
+    built = [m for m, spec in cfg["models"].items() if spec.get("enabled")]
+    assert sorted(cfg["models"][m]["family"] for m in built) == sorted(families.NAMES)
+    assert sum(j["rule"] == "export" for j in jobs) == sum(len(cfg["models"][m]["recipes"]) for m in built) == 12
 
 
 def test_metrics_and_plots_and_params(repo_root):

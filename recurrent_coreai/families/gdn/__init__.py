@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from recurrent_coreai.families import base
-from recurrent_coreai.families.gdn import export_modules as _export
 from recurrent_coreai.families.gdn import geometry as _geometry
 from recurrent_coreai.families.gdn import layouts as _layouts
 from recurrent_coreai.families.gdn.geometry import Geometry
@@ -38,7 +37,7 @@ class GatedDeltaNetFamily(base.Family):
         "state_inputs": _LAYER + r"attn\.(q|k|v|a|b|g)_proj",
     }
     tags = ("gated-deltanet", "gdn", "linear-attention", "delta-rule", "recurrent")
-    max_chunk = _export.MAX_CHUNK
+    max_chunk = _geometry.MAX_CHUNK
     vocab_tensors = ("model.embeddings.weight", "lm_head.weight")
     shape_keys = _geometry.SHAPE_KEYS
     tiny_shape = {"layers": 2, "hidden": 64, "heads": 2, "head_dim": 16, "vocab": 512, "intermediate": 128,

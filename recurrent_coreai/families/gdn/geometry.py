@@ -169,6 +169,10 @@ def config_json(g: Geometry) -> dict:
     }
 
 
+# The longest prefill chunk (export_modules): the chunk form's exponents are all <= 0 and (I + A)^-1 is
+# a product of log2(T) matrices, verified exact up to this length (tests/families/test_gdn_export.py).
+MAX_CHUNK = 128
+
 STATE_NAMES = ("convQState", "convKState", "convVState", "recurrentState")
 
 
