@@ -20,7 +20,7 @@ from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_function
 from recurrent_coreai.tokenizers import fit
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.frontmatter import FRONT, front_matter
-from recurrent_coreai.util.safetensors_stream import WEIGHT_FILE
+from recurrent_coreai.util.normal_form import WEIGHT_FILE
 from recurrent_coreai.pipeline.records import (EXPORT, by_recipe, read_manifest, read_toolchain, read_vocab, seal_card,
                                               vocab_files)
 

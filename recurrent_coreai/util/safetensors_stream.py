@@ -26,6 +26,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 import torch
 
 from recurrent_coreai.util.fsutil import atomic_path
+from recurrent_coreai.util.normal_form import WEIGHT_FILE  # noqa: F401 - re-exported: the file it writes
 
 # torch dtype -> safetensors dtype name (safetensors.torch's table)
 DTYPES: dict[torch.dtype, str] = {
@@ -42,7 +43,6 @@ TORCH_DTYPES: dict[str, torch.dtype] = {name: dtype for dtype, name in DTYPES.it
 DTYPE_ORDER = ("BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ",
                "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64")
 ALIGN = 8
-WEIGHT_FILE = "model.safetensors"  # a normalised checkpoint (the source stage's output; every stage after it reads it)
 NORMAL_METADATA = {"format": "pt"}  # the __metadata__ of a normalised model.safetensors
 MAX_WRITE = 1 << 30  # bytes per pwrite call (Linux writes at most ~2 GiB at once)
 
