@@ -216,7 +216,7 @@ def test_an_edited_record_is_refused(work, capsys):
 
 def prefill_rows(card: str) -> dict[str, list[str]]:
     lines = block(card, "prefill").splitlines()
-    header = lines.index("| recipe | prefill top-1 agreed / counted | max abs Δlogits | max abs Δstate | gate |")
+    header = lines.index("| recipe | prefill top-1 agreed / counted | max abs Δlogits | max abs Δstate | relative Δstate | gate |")
     rows = [line.strip().strip("|").split("|") for line in lines[header + 2:] if line.startswith("| `")]
     return {cells[0].strip().strip("`"): [c.strip() for c in cells[1:]] for cells in rows}
 
@@ -224,16 +224,17 @@ def prefill_rows(card: str) -> dict[str, list[str]]:
 def test_prefill_gate_results_come_from_the_gate(work, capsys):
     path = model_dir(work) / "gate" / "fp16.json"
     gate = read_json(path)
-    gate["prefill"].update(agree_counted=5, counted=6, max_abs_dlogits=0.4567, max_abs_dstate=0.0123, tokens=77,
+    gate["prefill"].update(agree_counted=5, counted=6, max_abs_dlogits=0.4567, max_abs_dstate=0.0123,
+                           max_rel_dstate=0.000987, tokens=77,
                            chunks=3, chunk=24, tail=5, **{"pass": False})
     write_record(path, gate)
     card = render_card(work, capsys=capsys)
     rows = prefill_rows(card)
     assert list(rows) == RECIPES
-    assert rows["fp16"] == ["5 / 6", "0.457", "0.012", "FAIL"]
+    assert rows["fp16"] == ["5 / 6", "0.457", "0.012", "0.00099", "FAIL"]
     fp32 = read_json(model_dir(work) / "gate" / "fp32.json")["prefill"]
     assert rows["fp32"] == [f"{fp32['agree_counted']} / {fp32['counted']}", "%.3g" % fp32["max_abs_dlogits"],
-                            "%.2g" % fp32["max_abs_dstate"], "pass"]
+                            "%.2g" % fp32["max_abs_dstate"], "%.2g" % fp32["max_rel_dstate"], "pass"]
     intro = " ".join(block(card, "prefill").split())   # the intro names the stream of the first recipe's gate
     assert f"one continuous stream of {fp32['tokens']} tokens" in intro
     assert f"{fp32['chunks']} chunks of {fp32['chunk']} tokens through `prefill`, then {fp32['tail']} tokens" in intro
@@ -605,30 +606,35 @@ def test_pass_criteria_come_from_the_gate_results_and_a_models_own_thresholds_sa
     why = "random weights put 3 reference margins inside int8's own error (README: int8keepproj at 1.5B)"
     edit_json(base / "gate" / "int8keepproj.json", near_tie_epsilon=0.1, thresholds_why=why,
               thresholds={"min_agree": 0.95, "min_counted": 0.75, "max_abs_dlogits": None,
-                          "prefill_max_abs_dstate": 0.3})
+                          "prefill_max_rel_dstate": 0.03})
     g = edit_json(base / "gate" / "fp32.json", thresholds={"min_agree": 1.0, "min_counted": 0.8, "max_abs_dlogits": 0.001,
+                                                           "prefill_max_rel_dstate": 1e-05,
                                                            "prefill_max_abs_dstate": 0.0001}, counted=120, near_ties=7)
     counted = f"(counted 120 / {g['steps']}, prefill {g['prefill']['counted']} / {g['prefill']['steps']})"
     text = block(render_card(work, capsys=capsys), "recipes")
     lines = {line.split("`")[1]: line for line in text.splitlines() if line.startswith("- `")}
     assert lines["int8keepproj"].startswith("- `int8keepproj`: top-1 agreement outside near-ties ≥ 0.95 on at least "
                                             "0.75 of the steps (counted ")
-    assert ", prefill max abs Δstate ≤ 0.3, near-tie epsilon 0.1." in lines["int8keepproj"]
+    assert ", prefill max abs Δstate ≤ 0.03 of the state's own max abs value, near-tie epsilon 0.1." in lines["int8keepproj"]
     assert lines["int8keepproj"].endswith(f"**This model sets its own thresholds for `int8keepproj`**: {why}")
     assert lines["fp32"] == (f"- `fp32`: top-1 agreement outside near-ties ≥ 1.0 on at least 0.8 of the steps {counted}, "
-                             "max abs Δlogits ≤ 0.001, prefill max abs Δstate ≤ 0.0001, near-tie epsilon 0.1")
+                             "max abs Δlogits ≤ 0.001, prefill max abs Δstate ≤ 1e-05 of the state's own max abs value, "
+                             "prefill max abs Δstate ≤ 0.0001, near-tie epsilon 0.1")
     assert "own thresholds" not in lines["fp16"]
+    shipped = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())["gate"]["thresholds"]["fp16"]
+    rel = shipped["prefill_max_rel_dstate"]   # the card states the shipped relative state limit
+    assert f", prefill max abs Δstate ≤ {rel} of the state's own max abs value, near-tie" in lines["fp16"]
 
 
 def test_thresholds_without_the_optional_max_abs_dlogits_render(work, capsys):
     """The schema makes max_abs_dlogits optional: a gate result without it is a card without that bound."""
     g = edit_json(model_dir(work) / "gate" / "fp16.json", thresholds={"min_agree": 1.0, "min_counted": 0.8,
-                                                                      "prefill_max_abs_dstate": 0.1})
+                                                                      "prefill_max_rel_dstate": 0.01})
     text = block(render_card(work, capsys=capsys), "recipes")
     line = next(x for x in text.splitlines() if x.startswith("- `fp16`"))
     assert line == (f"- `fp16`: top-1 agreement outside near-ties ≥ 1.0 on at least 0.8 of the steps (counted "
                     f"{g['counted']} / {g['steps']}, prefill {g['prefill']['counted']} / {g['prefill']['steps']}), "
-                    "prefill max abs Δstate ≤ 0.1, near-tie epsilon 0.1")
+                    "prefill max abs Δstate ≤ 0.01 of the state's own max abs value, near-tie epsilon 0.1")
 
 
 def test_a_recipe_gated_at_fewer_steps_says_so_with_the_models_reason(work, capsys):

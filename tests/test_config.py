@@ -102,7 +102,7 @@ def test_schema_errors_name_the_field(raw, mutate, needle):
     (lambda c: c["models"]["rwkv7-tiny"].__setitem__("shipped", "int8"), "shipped 'int8' is not one of its recipes"),
     (lambda c: c["models"]["rwkv7-tiny"].__setitem__("gate", {"why": "measured: see the README's gate section",
                                                               "thresholds": {"int8": {"min_agree": 0.9, "min_counted": 0.8,
-                                                                                      "prefill_max_abs_dstate": 0.3}}}),
+                                                                                      "prefill_max_rel_dstate": 0.03}}}),
      "gate/thresholds/int8: the model does not build 'int8'"),
 ])
 def test_cross_reference_errors(raw, mutate, needle):
@@ -230,7 +230,7 @@ def test_snakemake_accepts_another_config_file_and_build_override(repo_root, raw
 def test_a_models_own_gate_thresholds_replace_the_global_ones_for_that_model_only(raw):
     """models/<model>/gate: the gate of that model and recipe gets those thresholds and the why;
     every other model and recipe keeps gate/thresholds; the key is one of the gate stage's params."""
-    own = {"min_agree": 0.95, "min_counted": 0.8, "max_abs_dlogits": None, "prefill_max_abs_dstate": 0.3}
+    own = {"min_agree": 0.95, "min_counted": 0.8, "max_abs_dlogits": None, "prefill_max_rel_dstate": 0.03}
     raw["models"]["rwkv7-tiny"]["gate"] = {"thresholds": {"int8keepproj": own}, "why": "random weights: see README"}
     cfg = config.validate(copy.deepcopy(raw), "config.yaml")
 
@@ -254,7 +254,7 @@ def test_a_models_own_gate_thresholds_replace_the_global_ones_for_that_model_onl
 
 def test_a_models_gate_thresholds_need_a_why(raw):
     raw["models"]["rwkv7-tiny"]["gate"] = {"thresholds": {"fp16": {"min_agree": 0.9, "min_counted": 0.8,
-                                                                     "prefill_max_abs_dstate": 0.3}}}
+                                                                     "prefill_max_rel_dstate": 0.03}}}
     with pytest.raises(PipelineError, match="why"):
         config.validate(copy.deepcopy(raw), "config.yaml")
 
@@ -271,7 +271,52 @@ def test_a_models_own_gate_steps_apply_to_that_model_and_recipe_only(raw):
     assert own["thresholds"] == raw["gate"]["thresholds"]["int8keepproj"] and "thresholds_why" not in own
     for model, recipe in (("rwkv7-tiny", "fp16"), ("rwkv7-goose-1.5b", "int8keepproj")):
         assert gate(model, recipe)["steps"] == raw["gate"]["steps"] and "steps_why" not in gate(model, recipe)
-    assert config.prompt_budgets(4, 127) == [32, 32, 32, 31] and config.prompt_budgets(2, 5) == [3, 2]
+
+# --- the prompts' shares of gate.steps (config.prompt_budgets) ------------------------------------
+def test_prompts_that_fit_get_the_equal_shares_as_before():
+    """Each prompt's need (its tokens plus one generated step) fits its equal share: the equal
+    shares, the first prompts taking the remainder, whatever the token counts (so the default
+    models' reference streams are what they were)."""
+    assert config.prompt_budgets([0, 0, 0, 0], 127) == [32, 32, 32, 31] and config.prompt_budgets([0, 0], 5) == [3, 2]
+    assert config.prompt_budgets([13, 15, 13, 19], 127) == [32, 32, 32, 31]   # rwkv7-tiny's World prompts
+    assert config.prompt_budgets([18, 20, 17, 26], 127) == [32, 32, 32, 31]   # gdn-tiny's, the longest default
+    assert config.prompt_budgets([31, 31, 31, 30], 127) == [32, 32, 32, 31]   # every need exactly its share
+    assert config.prompt_budgets([13, 13], 28) == [14, 14]
+
+
+def test_a_long_prompt_gets_its_tokens_and_a_step_from_the_others_continuations():
+    """Issue 27 item 4b: a Mamba-2 with a 566-id tokenizer writes prompt 0 as 35 tokens, more than
+    its equal share (32) of 127; it gets 36 (35 + one generated step), the others share the 91 left."""
+    assert config.prompt_budgets([35, 12, 14, 20], 127) == [36, 31, 30, 30]
+    assert config.prompt_budgets([31, 12, 14, 20], 127) == [32, 32, 32, 31]   # 31 + 1 still fits its 32
+    assert config.prompt_budgets([32, 12, 14, 20], 127) == [33, 32, 31, 31]   # 32 + 1 does not
+    # taking steps from the others can push another over its smaller share: it gets its need too
+    assert config.prompt_budgets([40, 29, 5, 5], 127) == [41, 30, 28, 28]
+    assert config.prompt_budgets([60, 60, 1, 1], 127) == [61, 61, 3, 2]
+    assert config.prompt_budgets([35, 12, 14, 20], 100) == [36, 22, 21, 21]
+    assert config.prompt_budgets([35, 12, 14, 20], 85) == [36, 13, 15, 21]   # exactly the needs: each one step
+
+
+@pytest.mark.parametrize("tokens", [[0] * 4, [13, 15, 13, 19], [35, 12, 14, 20], [60, 3, 3, 3], [9, 50, 2, 30]])
+def test_the_shares_always_add_up_and_fit_every_prompt(tokens):
+    for steps in range(sum(t + 1 for t in tokens), 200):
+        shares = config.prompt_budgets(tokens, steps)
+        assert sum(shares) == steps and all(s >= t + 1 for s, t in zip(shares, tokens)), (steps, shares)
+        if steps > sum(t + 1 for t in tokens):   # fewer steps never give a prompt more: a reference of
+            fewer = config.prompt_budgets(tokens, steps - 1)   # gate.steps holds every fewer count's steps
+            assert all(f <= s for f, s in zip(fewer, shares)), (steps, fewer, shares)
+
+
+def test_prompts_that_cannot_fit_together_are_refused_in_one_line():
+    with pytest.raises(PipelineError) as exc:
+        config.prompt_budgets([35, 40, 30, 20], 127, "config.yaml")
+    assert str(exc.value) == ("config.yaml: gate.prompts are 35, 40, 30, 20 tokens: with one generated step each they "
+                              "need 129 steps, more than gate.steps=127 -- fix: raise gate.steps to at least 129 or "
+                              "shorten the prompts")
+    assert config.prompt_budgets([35, 40, 30, 20], 129) == [36, 41, 31, 21]
+    with pytest.raises(PipelineError, match=r"more than models/m/gate/steps/fp16=80 -- fix: raise "
+                                            r"models/m/gate/steps/fp16 to at least 85"):
+        config.prompt_budgets([35, 12, 14, 20], 80, "config.yaml", "models/m/gate/steps/fp16")
 
 
 @pytest.mark.parametrize("own, needle", [

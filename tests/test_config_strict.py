@@ -76,7 +76,8 @@ THRESHOLD_OFF = "write a finite number, or null to switch this check off"
     ("gate/thresholds/fp16/min_agree", INF, "min_agree cannot be switched off"),
     ("gate/thresholds/fp16/max_abs_dlogits", NAN, THRESHOLD_OFF),
     ("gate/thresholds/fp32/max_abs_dlogits", INF, THRESHOLD_OFF),
-    ("gate/thresholds/int8/prefill_max_abs_dstate", INF, THRESHOLD_OFF),
+    ("gate/thresholds/int8/prefill_max_rel_dstate", INF, THRESHOLD_OFF),
+    ("gate/thresholds/int8/prefill_max_abs_dstate", NAN, THRESHOLD_OFF),  # the optional absolute bound
     ("models/rwkv7-1.5b-shape/gate/thresholds/int8keepproj/min_agree", NAN, "min_agree cannot be switched off"),
     ("models/rwkv7-1.5b-shape/gate/thresholds/int8keepproj/max_abs_dlogits", NAN, THRESHOLD_OFF),
     ("gate/near_tie_epsilon", INF, "near_tie_epsilon: a finite number >= 0"),
@@ -112,7 +113,8 @@ def test_the_gate_thresholds_nan_case_exactly(raw):
 
 
 def test_finite_numbers_and_null_still_pass(raw):
-    raw["gate"]["thresholds"]["fp16"].update(min_agree=0.0, max_abs_dlogits=None, prefill_max_abs_dstate=None)
+    raw["gate"]["thresholds"]["fp16"].update(min_agree=0.0, max_abs_dlogits=None, prefill_max_rel_dstate=None,
+                                             prefill_max_abs_dstate=None)
     raw["models"]["rwkv7-tiny"]["device_numbers"] = {"tok_per_s": 41.5, "chip": "A18 Pro"}
     config.validate(raw, "config.yaml")
 
@@ -125,7 +127,7 @@ def test_an_integer_field_keeps_its_schema_message(raw):
 def test_nan_in_a_config_file_stops_snakemake_before_any_job(copy_root, tmp_path):
     own = tmp_path / "nan.yaml"
     own.write_text("gate:\n  thresholds:\n    fp16: {min_agree: .nan, max_abs_dlogits: .nan, "
-                   "prefill_max_abs_dstate: 0.1}\n")
+                   "prefill_max_rel_dstate: 0.01}\n")
     line = one_error(dry_run(copy_root, "--configfile", str(own)))
     assert line.startswith(f"error: config.yaml + {own}: gate/thresholds/fp16/min_agree is .nan, not a finite number")
     assert line.endswith("-- fix: min_agree cannot be switched off: write a number in 0..1, the share of decode "

@@ -25,7 +25,7 @@ from recurrent_coreai.stages import cli, gate
 from recurrent_coreai.util.errors import PipelineError
 
 ROOT = Path(__file__).resolve().parents[1]
-THRESHOLDS = {"min_agree": 0.8, "min_counted": 0.8, "max_abs_dlogits": None, "prefill_max_abs_dstate": 0.3}
+THRESHOLDS = {"min_agree": 0.8, "min_counted": 0.8, "max_abs_dlogits": None, "prefill_max_rel_dstate": 0.03}
 
 
 def rows(n: int, near_ties: int, mismatches: int = 0) -> list[dict]:

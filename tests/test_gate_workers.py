@@ -20,7 +20,7 @@ from recurrent_coreai.stages import gate
 from recurrent_coreai.pipeline import resources
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.pipeline.paths import Layout
-from recurrent_coreai.pipeline.records import read_aot, read_export
+from recurrent_coreai.pipeline.records import PROMPT_TOKENS, read_aot, read_export
 
 MODEL, RECIPE = "rwkv7-tiny", "fp16"
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,7 +181,9 @@ def test_a_models_own_steps_compare_each_prompts_first_share(tiny_results, tmp_p
     few, every = rows(out / "g.tsv"), rows(lay.gate_tsv(recipe))
     assert len(few) == steps and few == {key: every[key] for key in few}
     shares = [sum(1 for p, _ in few if p == str(i)) for i in range(n_prompts)]
-    assert shares == config.prompt_budgets(n_prompts, steps) and sum(shares) == steps
+    # every prompt fit its equal share of gate/steps (the stream records no token counts): equal shares
+    assert PROMPT_TOKENS not in stream and shares == config.prompt_budgets([0] * n_prompts, steps)
+    assert sum(shares) == steps
     assert result["prefill"] == built["prefill"]
 
 
@@ -196,3 +198,26 @@ def test_a_stream_with_fewer_steps_than_the_gates_share_is_refused(tmp_path):
     with pytest.raises(PipelineError, match=r"s\.npz: holds 1 step\(s\) of prompt 1, fewer than the gate's share "
                                             r"\(2\) of 4 steps -- fix: rerun the reference stage"):
         gate.gate_steps(stale, 2, 4, tmp_path / "s.npz")
+
+
+def test_fewer_steps_keep_a_long_prompts_tokens_where_the_reference_recorded_them(tmp_path):
+    """A reference whose prompt 0 needed more than its equal share records the prompts' token
+    counts; the gate shares fewer steps by the same rule (config.prompt_budgets), so the long
+    prompt keeps its tokens and a generated step, and too few steps for the prompts is one line."""
+    counts, full = [5, 1], 10                       # needs 6 and 2: shares 6 and 4 of 10
+    assert config.prompt_budgets(counts, full) == [6, 4]
+    prompt = np.array([0] * 6 + [1] * 4)
+    pos = np.array(list(range(6)) + list(range(4)))
+    stream = {"prompt": prompt, "tokens": np.arange(10), "pos": pos, "logits": np.zeros((10, 3)),
+              PROMPT_TOKENS: np.array(counts)}
+    part = gate.gate_steps(stream, 2, 8, tmp_path / "s.npz")   # 8 steps: 6 and 2, not the equal 4 and 4
+    assert part["prompt"].tolist() == [0] * 6 + [1] * 2 and part["pos"].tolist() == [0, 1, 2, 3, 4, 5, 0, 1]
+    without = {k: v for k, v in stream.items() if k != PROMPT_TOKENS}   # nothing recorded: equal shares
+    assert gate.gate_steps(without, 2, 8, tmp_path / "s.npz")["prompt"].tolist() == [0] * 4 + [1] * 4
+    with pytest.raises(PipelineError) as exc:
+        gate.gate_steps(stream, 2, 7, tmp_path / "s.npz", "config.yaml", "models/m/gate/steps/int8")
+    assert str(exc.value) == ("config.yaml: gate.prompts are 5, 1 tokens: with one generated step each they need 8 "
+                              "steps, more than models/m/gate/steps/int8=7 -- fix: raise models/m/gate/steps/int8 to at "
+                              "least 8 or shorten the prompts")
+    with pytest.raises(PipelineError, match=r"s\.npz: records the token counts of 2 prompts, not of the gate's 3"):
+        gate.gate_steps(stream, 3, 8, tmp_path / "s.npz")

@@ -90,6 +90,7 @@ def test_numbers_plots_and_card_in_chromium(inputs, page):
         assert int(cell(page, r, "prefill_agree_counted")) == pre["agree_counted"]
         assert int(cell(page, r, "prefill_counted")) == pre["counted"]
         assert float(cell(page, r, "prefill_max_abs_dstate")) == pytest.approx(pre["max_abs_dstate"], rel=1e-3)
+        assert float(cell(page, r, "prefill_max_rel_dstate")) == pytest.approx(pre["max_rel_dstate"], rel=1e-3)
         assert cell(page, r, "doctor_findings") == "0 findings"
 
         tsv = np.genfromtxt(lay.gate_tsv(r), delimiter="\t", names=True)

@@ -6,6 +6,7 @@ import copy
 import json
 import math
 import re
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -367,10 +368,32 @@ def gate_settings(stage_settings: dict, recipe_name: str) -> dict:
     return g
 
 
-def prompt_budgets(n_prompts: int, steps: int) -> list[int]:
-    """Each prompt's share of ``steps`` gate steps (the first ones get the remainder)."""
-    base, extra = divmod(steps, n_prompts)
-    return [base + (1 if i < extra else 0) for i in range(n_prompts)]
+def prompt_budgets(prompt_tokens: Sequence[int], steps: int, config_file: str | Path = DEFAULT_FILE,
+                   setting: str = "gate.steps") -> list[int]:
+    """Each prompt's share of ``steps`` gate steps, from its token count (the chat prompt as the
+    tokenizer writes it): a prompt needs its tokens plus one generated step. The rule: the steps
+    are shared equally (the first prompts get the remainder); a prompt whose need exceeds its share
+    gets exactly its need, and the steps left are shared equally among the others, again until
+    every prompt's need fits its share. Whenever every prompt's need fits its equal share these are
+    the equal shares. A token count of 0 (not known) needs one step. Refused in one line naming
+    ``config_file`` when the needs together exceed ``steps`` (``setting`` names where the steps
+    are configured)."""
+    needs = [int(n) + 1 for n in prompt_tokens]
+    if not needs:
+        raise ValueError("prompt_budgets needs at least one prompt")
+    if sum(needs) > steps:
+        raise PipelineError(config_file, f"gate.prompts are {', '.join(str(n) for n in prompt_tokens)} tokens: with one "
+                            f"generated step each they need {sum(needs)} steps, more than {setting}={steps}",
+                            f"raise {setting} to at least {sum(needs)} or shorten the prompts")
+    budgets: dict[int, int] = {}  # the prompts given exactly their need
+    while True:
+        shared = [i for i in range(len(needs)) if i not in budgets]
+        base, extra = divmod(steps - sum(budgets.values()), len(shared))
+        share = {i: base + (1 if k < extra else 0) for k, i in enumerate(shared)}
+        over = {i: needs[i] for i in shared if needs[i] > share[i]}
+        if not over:  # at least one prompt stays shared: the needs together fit steps
+            return [budgets.get(i, share.get(i)) for i in range(len(needs))]
+        budgets.update(over)
 
 
 # --- What YAML, JSON and JSON Schema would accept silently (refused on start) -------------------

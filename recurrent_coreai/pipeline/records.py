@@ -45,6 +45,9 @@ RECEIPT = "publish.json"
 CATALOG_ENTRIES = "coreai-catalog.yaml"  # written into the publish directory after a push (hub/catalog.py)
 SEAL = "record"  # the field of a sealed JSON record
 STREAM_SEAL = "record_sha256"  # the array of the reference stream.npz holding its digest
+# the array of stream.npz holding each prompt's token count, written only where some prompt needed
+# more than its equal share of gate.steps (config.prompt_budgets); the gate shares fewer steps by it
+PROMPT_TOKENS = "prompt_tokens"
 SEAL_LINE = "<!-- recurrent-coreai {stage} sha256 {sha} -->\n"  # the last line of a sealed text output
 
 

@@ -12,7 +12,9 @@
    through the bundle's prefill function in full chunks and its tail through decode, on the
    same states; each chunk's last-position logits and every tail step are compared the same way,
    and the states after each chunk and at the end must be within the recipe's
-   ``prefill_max_abs_dstate`` of the reference's. It fails the gate like any other check.
+   ``prefill_max_rel_dstate`` of the reference's, relative to each state's own largest
+   magnitude (and within ``prefill_max_abs_dstate`` where a config sets that absolute bound).
+   It fails the gate like any other check.
 4. The contract: every function of the bundle writes each state exactly once per call.
 """
 
@@ -30,7 +32,7 @@ from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_function
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import atomic_path, dumps_json, sha256_file, tree_manifest
 from recurrent_coreai.util.progress import progress
-from recurrent_coreai.pipeline.records import read_aot, read_export, read_stream, sealed_text
+from recurrent_coreai.pipeline.records import PROMPT_TOKENS, read_aot, read_export, read_stream, sealed_text
 
 TSV_COLUMNS = ("step", "prompt", "pos", "token", "ref_top1", "ref_top2", "engine_top1", "ref_margin",
                "near_tie", "agree", "max_abs_dlogits", "kl")
@@ -163,25 +165,57 @@ def state_diffs(engine: dict[str, np.ndarray], reference: dict[str, np.ndarray])
     return out
 
 
+def state_scales(reference: dict[str, np.ndarray]) -> dict[str, float]:
+    """max|reference state| per state: the scale its differences are judged on."""
+    return {name: float(np.abs(ref.astype(np.float64)).max()) for name, ref in reference.items()}
+
+
+def relative_diffs(diffs: dict[str, float], scales: dict[str, float]) -> dict[str, float]:
+    """Each state's max|Δ| (:func:`state_diffs`) over its max|reference state| (:func:`state_scales`).
+    A state the reference holds at zero: 0 if the engine's is zero too, else inf; NaN stays NaN
+    (both fail any limit)."""
+    out = {}
+    for name, d in diffs.items():
+        scale = scales[name]
+        if np.isnan(d) or np.isnan(scale):
+            out[name] = float("nan")
+        elif scale > 0:
+            out[name] = d / scale
+        else:
+            out[name] = 0.0 if d == 0 else float("inf")
+    return out
+
+
+def _worst(found: list[tuple]) -> tuple:
+    """The largest of (value, ...) tuples, a NaN above any number."""
+    return max(found, key=lambda d: (np.isnan(d[0]), d[0]))
+
+
 def prefill_check(sess: PromptSession, stream: dict, thresholds: dict, eps: float) -> dict:
     """The reference's continuous prefill stream through prefill (full chunks) and decode (the
     tail) from zero states; logits compared where the bundle reports them, states after each
-    chunk and at the end. Returns the ``prefill`` section of the gate result (with its rows)."""
+    chunk and at the end: each state's max|Δ|, and that over the state's own max|reference|
+    (``prefill_max_rel_dstate``; ``prefill_max_abs_dstate``, where set, bounds max|Δ| as well).
+    Returns the ``prefill`` section of the gate result (with its rows)."""
     tokens, T = [int(t) for t in stream["prefill_tokens"]], sess.chunk
     full = split_prompt(len(tokens), T)[0] * T
     logit_at = {int(p): i for i, p in enumerate(stream["prefill_logit_pos"])}
     state_at = {int(n): i for i, n in enumerate(stream["prefill_state_pos"])}
     sess.reset()
     rows: list[dict] = []
+    found: list[tuple[float, float, float, str, int]] = []  # (relative, max|Δ|, scale, state, after tokens)
 
     def record(function: str, pos: int, eng: np.ndarray) -> None:
         row = {"step": len(rows), "function": function, "pos": pos, "token": tokens[pos]}
         row.update(compare(stream["prefill_logits"][logit_at[pos]].astype(np.float64), eng, eps))
-        row["max_abs_dstate"] = None
+        row["max_abs_dstate"] = row["max_rel_dstate"] = None
         if pos + 1 in state_at:
             ref = {name[len("prefill_state_"):]: arr[state_at[pos + 1]] for name, arr in stream.items()
                    if name.startswith("prefill_state_") and name != "prefill_state_pos"}
+            scales = state_scales(ref)
             row["max_abs_dstate"] = state_diffs(sess.state_arrays(), ref)
+            row["max_rel_dstate"] = relative_diffs(row["max_abs_dstate"], scales)
+            found.extend((row["max_rel_dstate"][n], d, scales[n], n, pos + 1) for n, d in row["max_abs_dstate"].items())
         rows.append(row)
 
     for start in range(0, full, T):
@@ -189,16 +223,20 @@ def prefill_check(sess: PromptSession, stream: dict, thresholds: dict, eps: floa
     for pos in range(full, len(tokens)):
         record(sess.function, pos, sess.step(tokens[pos]))
     result = verdict(rows, thresholds)
-    dstates = [(v, name, r["pos"] + 1) for r in rows if r["max_abs_dstate"] for name, v in r["max_abs_dstate"].items()]
-    worst = max(dstates, key=lambda d: (np.isnan(d[0]), d[0]))
+    rel, rel_d, scale, name, after = _worst(found)
+    dabs, _, _, abs_name, abs_after = _worst([(d, r, s, n, p) for r, d, s, n, p in found])
+    limit = thresholds.get("prefill_max_rel_dstate")
+    if limit is not None and not rel <= limit:  # NaN fails too
+        result["reasons"].append(f"state {name} after {after} tokens differs from the reference's by {rel:.3g} of its "
+                                 f"largest magnitude ({rel_d:.3g} of {scale:.3g}) > {limit:g}")
     limit = thresholds.get("prefill_max_abs_dstate")
-    if limit is not None and not worst[0] <= limit:  # NaN fails too
-        result["reasons"].append(f"state {worst[1]} after {worst[2]} tokens differs from the reference's by "
-                                 f"{worst[0]:.3g} > {limit:g}")
-        result["pass"] = False
+    if limit is not None and not dabs <= limit:  # NaN fails too
+        result["reasons"].append(f"state {abs_name} after {abs_after} tokens differs from the reference's by "
+                                 f"{dabs:.3g} > {limit:g}")
+    result["pass"] = not result["reasons"]
     result.update({"function": sess.prefill_function, "decode_function": sess.function, "chunk": T,
                    "tokens": len(tokens), "chunks": full // T, "tail": len(tokens) - full,
-                   "max_abs_dstate": worst[0], "rows": rows})
+                   "max_abs_dstate": dabs, "max_rel_dstate": rel, "rows": rows})
     return result
 
 
@@ -316,17 +354,25 @@ def check_stream(stream: dict, stream_path: Path, export_record: dict) -> None:
                             "rerun the reference and export stages with the same prefill.chunk")
 
 
-def gate_steps(stream: dict, n_prompts: int, steps: int, stream_path: Path) -> dict:
+def gate_steps(stream: dict, n_prompts: int, steps: int, stream_path: Path, config_file: str | Path = "config.yaml",
+               setting: str = "gate.steps") -> dict:
     """The stream with the decode steps this gate compares: each prompt's first share of
-    ``steps`` (config.prompt_budgets), taken from the reference's stream of gate/steps steps.
-    A prompt's steps are its tokens, then the reference's greedy continuation, so these are the
-    steps a reference made for ``steps`` would hold. The prefill stream is kept whole."""
+    ``steps`` (config.prompt_budgets, by the prompts' token counts where the reference recorded
+    them, i.e. where some prompt needed more than its equal share of gate/steps; otherwise every
+    prompt fit its equal share and these are equal shares, as a reference of gate/steps holds),
+    taken from the reference's stream of gate/steps steps. A prompt's steps are its tokens, then
+    the reference's greedy continuation, so these are the steps a reference made for ``steps``
+    would hold. The prefill stream is kept whole. ``setting`` names where ``steps`` is set."""
     if steps > len(stream["tokens"]):
         raise PipelineError(stream_path, f"holds {len(stream['tokens'])} steps, fewer than the {steps} this gate "
                             "compares", "set the model's gate/steps for this recipe to at most gate/steps, or raise "
                             "gate/steps (the reference stage then reruns)")
+    counts = stream.get(PROMPT_TOKENS, np.zeros(n_prompts, np.int64))  # 0: not recorded, needs one step
+    if len(counts) != n_prompts:
+        raise PipelineError(stream_path, f"records the token counts of {len(counts)} prompts, not of the gate's "
+                            f"{n_prompts}", "rerun the reference stage (snakemake --forcerun reference)")
     keep = []
-    for i, share in enumerate(prompt_budgets(n_prompts, steps)):
+    for i, share in enumerate(prompt_budgets([int(n) for n in counts], steps, config_file, setting)):
         have = np.flatnonzero(stream["prompt"] == i)
         if len(have) < share:
             raise PipelineError(stream_path, f"holds {len(have)} step(s) of prompt {i}, fewer than the gate's share "
@@ -381,7 +427,8 @@ def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
     check_stream(stream, stream_path, record)
     scale = check_epsilon(settings["near_tie_epsilon"], stream, stream_path, config_file)
     reference_steps = len(stream["tokens"])
-    stream = gate_steps(stream, len(settings["prompts"]), settings["steps"], stream_path)
+    setting = f"models/{model}/gate/steps/{recipe}" if "steps_why" in settings else "gate.steps"
+    stream = gate_steps(stream, len(settings["prompts"]), settings["steps"], stream_path, config_file, setting)
     result, rows = run_gate(aimodelx, record, stream, settings, workers=workers)
     result.update(reference_steps=reference_steps, reference_logit_scale=scale)
     result.update({"model": model, "recipe": recipe, "bundle": record["bundle"], "bundle_sha256": bundle_digest(tested),
@@ -431,8 +478,8 @@ def main(argv=None) -> int:
     seconds = time.perf_counter() - t0
     pre = res["prefill"]
     stage.log.info("gate %s/%s PASS: %d/%d top-1 outside %d near-ties, max|dlogits| %.3g, mean KL %.3g; prefill "
-                   "(%d x %d tokens + %d through %s): %d/%d top-1, max|dlogits| %.3g, max|dstate| %.3g; %.1f s, "
+                   "(%d x %d tokens + %d through %s): %d/%d top-1, max|dlogits| %.3g, max|dstate| %.3g (%.3g relative); %.1f s, "
                    "peak RSS %.0f MB", ns.model, ns.recipe, res["agree_counted"], res["counted"], res["near_ties"],
                    res["max_abs_dlogits"], res["mean_kl"], pre["chunks"], pre["chunk"], pre["tail"],
                    pre["decode_function"], pre["agree_counted"], pre["counted"], pre["max_abs_dlogits"],
-                   pre["max_abs_dstate"], seconds, stage.rss_mb())
+                   pre["max_abs_dstate"], pre["max_rel_dstate"], seconds, stage.rss_mb())

@@ -2,8 +2,10 @@
 
 1. Per prompt: the tokenizer kind's chat prompt (World: token 0, then ``User: {prompt}\n\nAssistant:``),
    extended by the fp32
-   reference's greedy continuation up to the prompt's share of ``gate.steps``; the reference
-   logits at every step (keys ``tokens``, ``prompt``, ``pos``, ``logits``).
+   reference's greedy continuation up to the prompt's share of ``gate.steps``
+   (config.prompt_budgets: equal shares, or a long prompt's tokens plus one generated step); the
+   reference logits at every step (keys ``tokens``, ``prompt``, ``pos``, ``logits``; and
+   ``prompt_tokens``, each prompt's token count, only where the shares are not the equal ones).
 2. The prefill stream (keys ``prefill_*``): those per-prompt streams back to back, repeated up to
    ``prefill.gate_tokens`` tokens (default 2*chunk+5, so two full chunks and a tail), fed to the
    reference continuously (no reset). Stored: the logits at every position where the bundle
@@ -27,7 +29,7 @@ from recurrent_coreai.checkpoints.reader import load_checkpoint
 from recurrent_coreai.coreai.entrypoints import split_prompt
 from recurrent_coreai.pipeline import stage
 from recurrent_coreai.pipeline.config import origin, prompt_budgets
-from recurrent_coreai.pipeline.records import STREAM_SEAL, read_vocab, stream_digest
+from recurrent_coreai.pipeline.records import PROMPT_TOKENS, STREAM_SEAL, read_vocab, stream_digest
 from recurrent_coreai.stages.model_source import family_and_source
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import atomic_path
@@ -77,11 +79,10 @@ def reference_stream(family, source_dir: Path, tok, prompts: list[str], steps: i
     geom, weights = load_checkpoint(source_dir, family=family)
     ref = family.reference(weights, geom, torch.float32)
     tokens, prompt_idx, positions, logits = [], [], [], []
-    for i, (prompt, budget) in enumerate(zip(prompts, prompt_budgets(len(prompts), steps))):
-        stream = tok.prompt(prompt)
-        if len(stream) > budget:
-            raise PipelineError(config_file, f"prompt {i} is {len(stream)} tokens, more than its share "
-                                f"({budget}) of gate.steps={steps}", "raise gate.steps or shorten the prompt")
+    streams = [tok.prompt(prompt) for prompt in prompts]
+    lengths = [len(s) for s in streams]
+    budgets = prompt_budgets(lengths, steps, config_file)
+    for i, (stream, budget) in enumerate(zip(streams, budgets)):
         state = ref.zero_state()
         for pos in range(budget):
             out = ref.step(stream[pos], state)
@@ -91,6 +92,10 @@ def reference_stream(family, source_dir: Path, tok, prompts: list[str], steps: i
                 stream.append(int(torch.argmax(out)))  # reference greedy continuation
     out = {"tokens": np.array(tokens, np.int64), "prompt": np.array(prompt_idx, np.int64),
            "pos": np.array(positions, np.int64), "logits": np.stack(logits)}
+    if budgets != prompt_budgets([0] * len(prompts), steps, config_file):
+        # some prompt needed more than its equal share: the gate needs the token counts to share
+        # fewer steps the same way (absent, the stream is the equal shares' as it always was)
+        out[PROMPT_TOKENS] = np.array(lengths, np.int64)
     if prefill is not None:
         out.update(prefill_stream(ref, out["tokens"], prefill["chunk"], prefill_length(prefill, config_file)))
     return out
