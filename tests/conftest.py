@@ -14,15 +14,41 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("RECURRENT_COREAI_PROGRESS", "0")  # progress lines on stderr would break the one-line-error checks
 
 
-# The files that build whole trees, longest first: under pytest-xdist (--dist loadfile,
-# --no-loadscope-reorder) each worker starts on one of them and the short files fill in after.
-HEAVY_FIRST = ("test_pipeline_integration.py", "test_pipeline_dvc.py", "test_beta_watch.py", "test_cluster.py",
-               "test_reproducible.py")
+# The order the files are handed to the pytest-xdist workers (--dist loadfile, --no-loadscope-reorder: a
+# worker takes the next file when it has at most two tests left). Every built tree comes from ONE
+# `snakemake --cores 1 publish` of the default DAG (``smk_repo``), so its file goes first, and the
+# other worker meanwhile runs the files that need no built tree, longest first, instead of waiting;
+# then the `dvc repro` file (its tree is derived from that build) and the files that read the build.
+FIRST = "test_pipeline_integration.py"
+NEEDS_A_BUILD_LAST = ("test_pipeline_dvc.py",)  # the rest of those keep their collected order after it
+# measured (2026-12-02, this project's 2-core machine): the longest files that need no built tree
+LONG = ("test_rwkv6_fp16_rescale_coreai.py", "test_rwkv6_export.py", "test_gate_breaks.py",
+        "test_status_bad_records.py", "test_export.py", "test_config.py", "test_dag_listing.py",
+        "test_faults_runtime.py", "test_config_strict.py", "test_bad_inputs.py", "test_rwkv6_official.py",
+        "test_memory_discipline.py", "test_bad_inputs_integrity.py", "test_doctor_per_recipe.py")
+BUILT = {"smk_repo", "tiny_results", "opened_files", "dvc_repo", "one_model_repo"}
+
+
+def _needs_a_build(item) -> bool:
+    return bool(BUILT & set(getattr(item, "fixturenames", ()))) or hasattr(item.module, "RESULTS")
 
 
 def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+    """Files in this order: FIRST; the files none of whose tests needs a built tree (LONG first);
+    NEEDS_A_BUILD_LAST; the other files that need one. Within a file the tests keep their order."""
+    needs = {}
+    for item in items:
+        needs[item.path] = needs.get(item.path, False) or _needs_a_build(item)
+
+    def rank(item):
+        name = item.path.name
+        if name == FIRST:
+            return (0, 0)
+        if not needs[item.path]:
+            return (1, LONG.index(name) if name in LONG else len(LONG))
+        return (2, 0) if name in NEEDS_A_BUILD_LAST else (3, 0)
+
+    items.sort(key=rank)  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session")
@@ -118,10 +144,12 @@ class OpenedFiles:
 
 @pytest.fixture(scope="session")
 def smk_repo(tmp_path_factory):
-    """A fresh copy built by `snakemake --cores 1 publish` (tests/test_pipeline_integration.py
-    changes and restores it): (repo, what repo_copies.built recorded right after the build).
-    The same build gives ``tiny_results`` (its results tree, copied right after the build) and
-    ``opened_files`` (what its stage processes opened)."""
+    """A fresh copy built by `snakemake --cores 1 publish` -- the whole default DAG, every family,
+    with the tests' short gate -- the session's one build of it: (repo, what repo_copies.built
+    recorded right after the build). Nothing changes it but the tests that edit a file and put it
+    back. The same build gives ``tiny_results`` (its results tree, copied right after the build),
+    ``opened_files`` (what its stage processes opened), and the trees derived from that copy:
+    ``one_model_repo`` and ``dvc_repo``."""
     from repo_copies import shared_build
 
     return shared_build(tmp_path_factory, "smk", _build_smk)
@@ -132,20 +160,40 @@ def _build_smk(repo: Path) -> dict:
 
     opened = repo.parent / f"{repo.name}-opened"
     record = built(repo, "snakemake --cores 1 publish", "11", record_opened=opened)
-    # before any test changes the copy: what tiny_results and opened_files hand out
+    # before any test changes the copy: what tiny_results, opened_files and the derived trees start from
     results = snapshot_results(repo, repo.parent / f"{repo.name}-results")
     record["tiny"] = {"results": str(results), "tree": str(repo.resolve()),
                       "opened": opened_records(opened, repo)}
     return record
 
 
-@pytest.fixture(scope="session")
-def dvc_repo(tmp_path_factory):
-    """A fresh copy built by `dvc repro` with config.yaml as committed -- the full gate, what a
-    user builds -- so its dvc.lock must be the committed one (tests/test_pipeline_dvc.py)."""
-    from repo_copies import built, shared_build
+def _snapshot(smk_repo) -> Path:
+    """The directory holding the snakemake build's snapshot (repo_copies.snapshot_results)."""
+    return Path(smk_repo[1]["tiny"]["results"]).parent
 
-    return shared_build(tmp_path_factory, "dvc", lambda repo: built(repo, "dvc repro", "22", short=False))
+
+@pytest.fixture(scope="session")
+def dvc_repo(tmp_path_factory, smk_repo):
+    """A fresh copy with config.yaml as committed -- the full gate, what a user builds -- holding
+    the snakemake build's outputs but repo_copies.DVC_REBUILDS's, after `dvc repro` (repo_copies.dvc_rebuilt_tree):
+    it builds that model from nothing and reruns every stage the short gate shaped, so its dvc.lock
+    must be the committed one (tests/test_pipeline_dvc.py)."""
+    from repo_copies import DVC_REBUILDS, dvc_rebuilt_tree, shared_build
+
+    snapshot = _snapshot(smk_repo)
+    return shared_build(tmp_path_factory, "dvc", lambda repo: dvc_rebuilt_tree(snapshot, repo, DVC_REBUILDS))
+
+
+@pytest.fixture(scope="session")
+def one_model_repo(tmp_path_factory, smk_repo):
+    """The default model's DAG alone (config.yaml: ``build: [rwkv7-tiny]``, the short gate), its
+    outputs the snakemake build's, recorded in DVC (repo_copies.one_model_tree): the tree the tests
+    that rebuild, push, pull or damage a built tree change (tests/test_pipeline_integration.py).
+    Snakemake and DVC plan, check and record its 19 stages there rather than the whole DAG's 73."""
+    from repo_copies import one_model_tree, shared_build
+
+    snapshot = _snapshot(smk_repo)
+    return shared_build(tmp_path_factory, "one-model", lambda repo: one_model_tree(snapshot, repo))
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,13 @@
   the others wait for it and reuse it (a file lock in the session's common temp directory);
 * :func:`built` with ``record_opened``: the files each stage process opens during the build
   (tests/audit/sitecustomize.py), read back by :func:`opened_records`;
-* :func:`snapshot_results`: the results tree right after a build, apart from the copy (which
-  later tests change).
+* :func:`snapshot_results`: the results tree right after a build (and Snakemake's metadata of
+  its outputs), apart from the copy;
+* trees derived from that snapshot instead of built again from nothing: :func:`one_model_tree`
+  (the default model's outputs in a copy whose config builds that model only, recorded in DVC by
+  ``scripts/dvc_record.py``: what the tests that change a built tree work on) and
+  :func:`dvc_rebuilt_tree` (config.yaml as committed; one model's outputs removed; ``dvc repro``
+  builds that model from nothing and every stage the tests' short gate shaped).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -36,6 +42,9 @@ def env(**extra) -> dict:
     out.update(extra)  # a caller may override any of these (the user's build: SOURCE_DATE_EPOCH="")
     out.pop("HF_TOKEN", None)
     return out
+
+
+BUILD_TIMEOUT = 3000  # s: a hung build fails its tests instead of the whole CI run
 
 
 def run(cmd, cwd, timeout=1200, check=True, **extra):
@@ -134,7 +143,8 @@ def built(repo: Path, cmd: str, seed: str, record_opened: Path | None = None, sh
         extra = {"PYTHONPATH": f"{repo}{os.pathsep}{AUDIT}", OPENED_DIR_VAR: str(record_opened)}
     if not short:  # the user's build: no SOURCE_DATE_EPOCH (the card then states no date), as `make publish`
         extra["SOURCE_DATE_EPOCH"] = ""
-    proc = run(cmd, fresh_copy(repo, short=short), PYTHONHASHSEED=seed, **extra)
+    # the whole default DAG: ~10 min on a 2-core machine of its own, twice that beside the other worker
+    proc = run(cmd, fresh_copy(repo, short=short), timeout=BUILD_TIMEOUT, PYTHONHASHSEED=seed, **extra)
     status = run("git status --porcelain --untracked-files=all", repo).stdout
     return {"output": proc.stdout + proc.stderr, "outputs": tracked_outputs(repo), "gates": gate_numbers(repo),
             "dvc_lock": (repo / "dvc.lock").read_text(), "git_status": status}
@@ -161,9 +171,104 @@ def opened_records(where: Path, tree: Path) -> list[dict]:
 def snapshot_results(repo: Path, dest: Path) -> Path:
     """``repo/results`` as it is now, copied (file times kept) to ``dest/results``, beside a
     ``dest/config.yaml`` that is the copy's own config with ``results`` pointing there (what a
-    stage run by hand on the snapshot takes as --config-file). Returns ``dest/results``."""
+    stage run by hand on the snapshot takes as --config-file), ``dest/metadata``, Snakemake's
+    record of each output (.snakemake/metadata: params, code, inputs; what its rerun triggers
+    compare) and ``dest/dvc-cache``, DVC's copies of them (.dvc/cache/files, hard links: those
+    files are never changed, only added; not its run cache). Returns ``dest/results``."""
     shutil.copytree(repo / "results", dest / "results", symlinks=True, copy_function=shutil.copy2)
+    shutil.copytree(repo / ".snakemake" / "metadata", dest / "metadata", copy_function=shutil.copy2)
+    shutil.copytree(repo / ".dvc" / "cache" / "files", dest / "dvc-cache" / "files", copy_function=os.link)
     cfg = yaml.safe_load((repo / "config.yaml").read_text())
     cfg["results"] = str(dest / "results")
     (dest / "config.yaml").write_text(yaml.safe_dump(cfg))
     return dest / "results"
+
+
+# --- trees derived from the snakemake build's snapshot ------------------------------------------------
+MODEL = "rwkv7-tiny"  # the default model: the one the tests that change a built tree work on
+# The model `dvc repro` builds from nothing in dvc_rebuilt_tree (tests/conftest.py ``dvc_repo``): the
+# cheapest to build (a 1024-token vocabulary: its exports and gates are the shortest). Every other
+# model's outputs there are the snakemake build's, compared with the committed dvc.lock's digests.
+DVC_REBUILDS = "mamba2-tiny"
+RAN = re.compile(r"^Running stage '([^']+)':", re.M)
+
+
+def _copy_outputs(snapshot: Path, repo: Path, models: list[str] | None = None) -> None:
+    """The snapshot's results (``models`` only, with toolchain.json and their logs), file times kept."""
+    src, dst = snapshot / "results", repo / "results"
+    if models is None:
+        shutil.copytree(src, dst, symlinks=True, copy_function=shutil.copy2)
+        return
+    dst.mkdir()
+    shutil.copy2(src / "toolchain.json", dst / "toolchain.json")
+    for model in models:
+        shutil.copytree(src / model, dst / model, symlinks=True, copy_function=shutil.copy2)
+        if (src / "logs" / model).is_dir():
+            shutil.copytree(src / "logs" / model, dst / "logs" / model, copy_function=shutil.copy2)
+
+
+def one_model_tree(snapshot: Path, repo: Path, model: str = MODEL) -> dict:
+    """What a fresh clone whose config.yaml builds ``model`` only (``build: [model]``, the tests'
+    short gate) holds after `snakemake --cores 1 publish` -- without building it again: its DAG's
+    outputs are the snakemake build's (the same jobs with the same params; bytes and file times
+    kept), and so is Snakemake's record of them (.snakemake/metadata: the params and code its
+    rerun triggers compare); dvc.yaml is generated for that DAG (scripts/gen_dvc.py) and
+    committed, and DVC records the outputs as `make publish` does (scripts/dvc_record.py, which
+    checks every output against its stage's record first). Returns what the tests compare."""
+    fresh_copy(repo, edit=lambda cfg: cfg.update(build=[model]))
+    run("python scripts/gen_dvc.py && git rm -q --cached dvc.lock && rm dvc.lock && git add dvc.yaml "
+        "&& git -c user.name=t -c user.email=t@t commit -qm 'one model'", repo, **GIT_DATES)
+    _copy_outputs(snapshot, repo, [model])
+    shutil.copytree(snapshot / "metadata", repo / ".snakemake" / "metadata", copy_function=shutil.copy2,
+                    dirs_exist_ok=True)
+    proc = run("python scripts/dvc_record.py --config-file config.yaml --since 0", repo)
+    run("git add dvc.lock && git -c user.name=t -c user.email=t@t commit -qm 'dvc.lock'", repo, **GIT_DATES)
+    stages = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]
+    return {"output": proc.stdout + proc.stderr, "stages": sorted(stages), "outputs": tracked_outputs(repo)}
+
+
+def of_model(stage: str, model: str) -> bool:
+    """Is the DVC stage one of ``model``'s (source-<model>, export-<model>-fp16, ...)?"""
+    return stage.endswith(f"-{model}") or f"-{model}-" in stage
+
+
+def _copy_cache_but(cache: Path, dest: Path, model: str, lock: Path) -> None:
+    """The build's DVC cache (hard links), less the objects only ``model``'s stages record in
+    ``lock``. DVC reruns a stage whose outputs are not in its cache, so the others' must be there;
+    and it restores a stage's missing outputs from its cache instead of running it when its lock
+    entry is unchanged, so that model's must not be: a fresh clone has no cache."""
+    def objects(md5: str) -> set[str]:  # an output's objects: a directory's listing and its files
+        found = {md5}
+        listing = cache / "files" / "md5" / md5[:2] / md5[2:]
+        if md5.endswith(".dir") and listing.is_file():
+            found |= {entry["md5"] for entry in json.loads(listing.read_text())}
+        return found
+
+    mine, others = set(), set()
+    for name, stage in yaml.safe_load(lock.read_text())["stages"].items():
+        for out in stage.get("outs", []):
+            (mine if of_model(name, model) else others).update(objects(out["md5"]))
+    only_mine = mine - others
+
+    def skip(folder: str, names: list[str]) -> set[str]:
+        return {n for n in names if Path(folder).name + n in only_mine}
+
+    shutil.copytree(cache, dest, copy_function=os.link, ignore=skip)
+
+
+def dvc_rebuilt_tree(snapshot: Path, repo: Path, rebuild: str) -> dict:
+    """A fresh copy with config.yaml as committed (the full gate, what a user builds) holding the
+    snakemake build's outputs but those of ``rebuild``, then `dvc repro` (the user's environment:
+    no SOURCE_DATE_EPOCH; another PYTHONHASHSEED): it must build ``rebuild`` from nothing and rerun
+    every stage the tests' short gate shaped -- and, finding every other output to be what the
+    committed dvc.lock records, nothing else. What the tests compare, recorded right after."""
+    fresh_copy(repo, short=False)
+    _copy_outputs(snapshot, repo)
+    _copy_cache_but(snapshot / "dvc-cache", repo / ".dvc" / "cache", rebuild, repo / "dvc.lock")
+    shutil.rmtree(repo / "results" / rebuild)
+    shutil.rmtree(repo / "results" / "logs" / rebuild, ignore_errors=True)
+    proc = run("dvc repro", repo, timeout=BUILD_TIMEOUT, PYTHONHASHSEED="22", SOURCE_DATE_EPOCH="")
+    status = run("git status --porcelain --untracked-files=all", repo).stdout
+    output = proc.stdout + proc.stderr
+    return {"output": output, "ran": sorted(RAN.findall(output)), "outputs": tracked_outputs(repo),
+            "dvc_lock": (repo / "dvc.lock").read_text(), "git_status": status, "rebuilt": rebuild}

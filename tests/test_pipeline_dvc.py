@@ -1,6 +1,14 @@
-"""The real DAG through `dvc repro` in a fresh copy of the repository, and the comparison with
-the `snakemake` build of tests/test_pipeline_integration.py (built once per session, by
-whichever test needs it first: repo_copies.shared_build)."""
+"""The real DAG through `dvc repro`, and the comparison with the `snakemake` build of
+tests/test_pipeline_integration.py (the session's one build of the whole default DAG:
+tests/conftest.py ``smk_repo``).
+
+The `dvc repro` tree (tests/conftest.py ``dvc_repo``, repo_copies.dvc_rebuilt_tree) is a fresh copy
+with config.yaml as committed -- the full gate, what a user builds -- holding that build's outputs
+but those of one model (repo_copies.DVC_REBUILDS). `dvc repro` there builds that model from nothing
+and reruns every stage whose outputs the tests' short gate shaped (reference, gate, card, report,
+stage_and_push of every model); every other output it checks against the committed dvc.lock and
+keeps. So the committed dvc.lock is compared, stage for stage, with what a build of config.yaml
+records, without building the whole DAG a second time."""
 
 from __future__ import annotations
 
@@ -9,7 +17,7 @@ import os
 
 import pytest
 import yaml
-from repo_copies import RECIPES, run
+from repo_copies import DVC_REBUILDS, RECIPES, of_model, run
 
 pytestmark = pytest.mark.slow
 
@@ -22,6 +30,9 @@ pytestmark = pytest.mark.slow
 RECORDED_CPU_CAPABILITY = "AVX2"
 # the outputs that do not depend on the gate's settings (the tests' Snakemake build has the short gate)
 GATE_FREE = ("source", "vocab", "export", "aot")
+# the stages whose params or inputs hold the gate's settings, and what follows them: the short gate's
+# outputs of these differ from config.yaml's (the reference stream is as long as the gate)
+GATE_SHAPED = ("reference-", "gate-", "card-", "report-", "stage_and_push-")
 
 
 def _lock(text: str) -> dict:
@@ -84,30 +95,43 @@ def test_the_make_publish_record_of_a_build_is_the_committed_dvc_lock(dvc_repo, 
 
 
 def test_two_builds_in_two_directories_are_byte_identical(dvc_repo, smk_repo):
-    """snakemake in one temp copy, dvc repro in another, fresh processes, other PYTHONHASHSEEDs:
-    every file of every output that does not depend on the gate's settings (source, vocab, export,
-    aot: the bundles) is the same. The gate, card, report and publish outputs of the full-gate
-    build are compared with the committed dvc.lock below (recorded by a Snakemake build)."""
+    """snakemake in one temp copy, dvc repro in another, fresh processes, other PYTHONHASHSEEDs: every
+    file of every output of the model `dvc repro` built from nothing that does not depend on the
+    gate's settings (source, vocab, export, aot: the bundles) is the same. (Every other model's are
+    compared with the committed dvc.lock's digests, a build made elsewhere: the next test; the gate,
+    card, report and publish outputs of the full-gate build too.)"""
     (repo, dvc_built), (_, smk_built) = dvc_repo, smk_repo
     ours, theirs = smk_built["outputs"], dvc_built["outputs"]
     assert sorted(ours) == sorted(theirs) and len(ours) > 40
     free = sorted(rel for rel in ours if rel.count("/") >= 3 and rel.split("/")[2] in GATE_FREE)
-    assert {rel.split("/")[2] for rel in free} == set(GATE_FREE) and len(free) > 30, free
-    assert all(rel.split("/")[1] in {"rwkv7-tiny", "rwkv6-tiny", "mamba2-tiny"} for rel in free)
-    differing = [rel for rel in free if ours[rel] != theirs[rel]]
+    assert {rel.split("/")[1] for rel in free} == {"rwkv7-tiny", "rwkv6-tiny", "mamba2-tiny", "gdn-tiny"}
+    rebuilt = [rel for rel in free if rel.split("/")[1] == DVC_REBUILDS]
+    assert {rel.split("/")[2] for rel in rebuilt} == set(GATE_FREE) and len(rebuilt) > 10, rebuilt
+    ran = set(dvc_built["ran"])
+    assert {f"{kind}-{DVC_REBUILDS}" for kind in ("source", "vocab")} <= ran, "dvc repro built the model itself"
+    differing = [rel for rel in rebuilt if ours[rel] != theirs[rel]]
     assert differing == [], f"{len(differing)} files differ between the two builds: {differing[:8]}"
     assert json.loads((repo / "results/rwkv7-tiny/publish/publish.json").read_text())["gates"].keys() == set(RECIPES)
 
 
-def test_the_committed_dvc_lock_is_what_a_fresh_build_records(dvc_repo, repo_root):
-    """`dvc repro` of a fresh copy (config.yaml as committed) writes exactly the committed dvc.lock:
-    every stage, its command, params, code and data deps and every output's digest -- so a fresh
-    clone's `make publish` leaves `git status` clean. dvc.lock describes a build on the toolchain
-    its toolchain stage recorded; on another one (python and the package versions) the whole DAG
-    rebuilds by design, and this comparison says so instead of listing every stage."""
+def test_dvc_repro_runs_exactly_the_stages_whose_outputs_are_not_the_committed_ones(dvc_repo, repo_root):
+    """`dvc repro` compares every stage's deps, params and outputs with the committed dvc.lock: it
+    ran every stage of the model whose outputs were removed and every stage the short gate shaped,
+    and kept every other output of the snakemake build -- each one's digest is the committed
+    record's (so that build made, in another directory, the bytes dvc.lock was recorded from)."""
     repo, built = dvc_repo
-    committed, fresh = _lock((repo_root / "dvc.lock").read_text()), _lock(built["dvc_lock"])
-    committed, fresh = _cpu_independent(committed, fresh)
+    committed = _lock((repo_root / "dvc.lock").read_text())
+    _same_toolchain_or_skip(committed, _lock(built["dvc_lock"]))
+    expected = sorted(name for name in committed if name.startswith(GATE_SHAPED) or of_model(name, DVC_REBUILDS))
+    assert len(expected) > 25
+    assert built["ran"] == expected, (f"dvc repro ran {len(built['ran'])} stages; not the expected: "
+                                      f"{sorted(set(built['ran']) ^ set(expected))[:8]}")
+
+
+def _same_toolchain_or_skip(committed: dict, fresh: dict) -> None:
+    """dvc.lock describes a build on the toolchain its toolchain stage recorded; on another one
+    (python and the package versions) the whole DAG rebuilds by design: say so (a failure in CI)
+    instead of listing every stage."""
     ours, theirs = committed.get("toolchain", {}), fresh.get("toolchain", {})
     if ours.get("deps") == theirs.get("deps") and ours.get("outs") != theirs.get("outs"):
         # the same toolchain code recorded another toolchain.json: this machine's python, torch,
@@ -117,10 +141,39 @@ def test_the_committed_dvc_lock_is_what_a_fresh_build_records(dvc_repo, repo_roo
         if os.environ.get("CI") == "true":  # CI installs the pinned toolchain on the machine dvc.lock is recorded for
             pytest.fail(f"{why} -- fix: re-record dvc.lock with this toolchain (python bench/bench_dag.py)")
         pytest.skip(f"{why}; compare on that toolchain, or rebuild and commit dvc.lock")
+
+
+def test_the_committed_dvc_lock_is_what_a_fresh_build_records(dvc_repo, repo_root):
+    """A build of config.yaml as committed records exactly the committed dvc.lock: every stage, its
+    command, params, code and data deps and every output's digest -- so a fresh clone's `make
+    publish` leaves `git status` clean. Here that build is the snakemake build's outputs the short
+    gate does not shape, and `dvc repro`'s of the rest (dvc_repo)."""
+    repo, built = dvc_repo
+    committed, fresh = _lock((repo_root / "dvc.lock").read_text()), _lock(built["dvc_lock"])
+    committed, fresh = _cpu_independent(committed, fresh)
+    _same_toolchain_or_skip(committed, fresh)
     differences = _differences(committed, fresh)
     assert differences == [], (f"the committed dvc.lock is not what a fresh build records ({len(differences)}: "
                                f"{differences[:6]}) -- fix: commit the code, run `make publish`, commit dvc.lock")
     assert built["git_status"] == "", f"the build left the copy's git tree changed:\n{built['git_status']}"
+
+
+def test_the_snakemake_builds_own_record_is_the_committed_one_but_for_the_gate(smk_repo, repo_root):
+    """The dvc.lock the snakemake build's own onsuccess record left (scripts/dvc_record.py, what
+    `make publish` runs) holds, for every stage the tests' short gate does not shape, the committed
+    entry: command, params, code and data deps, every output's digest."""
+    _, built = smk_repo
+    committed, fresh = _lock((repo_root / "dvc.lock").read_text()), _lock(built["dvc_lock"])
+    n = len(yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"])
+    # every entry is this build's (the copy started from the committed dvc.lock)
+    assert f"DVC: recorded the {n} stage(s) this run built, of {n}" in built["output"], built["output"][-2000:]
+    _same_toolchain_or_skip(committed, fresh)
+    free = lambda lock: {k: v for k, v in lock.items() if not k.startswith(GATE_SHAPED)}  # noqa: E731
+    assert len(free(fresh)) > 30
+    differences = _differences(free(committed), free(fresh))
+    assert differences == [], f"the snakemake build's record differs from the committed dvc.lock: {differences[:6]}"
+    shaped = {k for k in set(fresh) - set(free(fresh)) if fresh[k] != committed.get(k)}
+    assert shaped and all(k.startswith(GATE_SHAPED) for k in shaped)  # the short gate: recorded, and different
 
 
 def test_snakemake_has_nothing_to_do_after_dvc_repro(dvc_repo):

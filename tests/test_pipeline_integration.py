@@ -1,9 +1,15 @@
-"""The real DAG on the default tiny model, in temporary copies of the repository, through both
-entry points: `snakemake --cores 1 publish` and `dvc repro`. The gate is shortened
-(repo_copies.SHORT_GATE, in the copy's config.yaml) to keep CI time down; everything else is
-the shipped configuration. The `dvc repro` copy and the comparison of the two builds are in
-tests/test_pipeline_dvc.py, so that pytest-xdist (--dist loadfile) builds both at once; each
-copy is built once per session (repo_copies.shared_build)."""
+"""The real DAG, in temporary copies of the repository: `snakemake --cores 1 publish` of the whole
+default DAG (every family; tests/conftest.py ``smk_repo``, the session's one build of it). The gate
+is shortened (repo_copies.SHORT_GATE, in the copy's config.yaml) to keep CI time down; everything
+else is the shipped configuration. `dvc repro` and the comparison of the two entry points are in
+tests/test_pipeline_dvc.py.
+
+The tests that rebuild, push and pull, damage or race on a built tree work on the default model's
+DAG alone (``one_model_repo``: config.yaml ``build: [rwkv7-tiny]``, its outputs and Snakemake's
+record of them the snakemake build's, recorded in DVC by scripts/dvc_record.py): what they check is
+what Snakemake and DVC do with one model's jobs, and there each `snakemake`, `dvc status` and DVC
+record handles that model's 19 stages, not the whole DAG's 73. The tests that only plan (`snakemake
+-n`, `dvc status`) stay on the whole DAG's build."""
 
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from repo_copies import RECIPES, SHORT_GATE, env, run, tracked_outputs
+from repo_copies import MODEL, RECIPES, SHORT_GATE, env, run, tracked_outputs
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +42,22 @@ def test_snakemake_builds_everything(smk_repo):
     assert receipt["push"]["pushed"] is False and receipt["push"]["reason"].startswith("staging only")
     assert set(receipt["gates"]) == set(RECIPES)
     assert "staging only" in proc["output"]
+    models = yaml.safe_load((repo / "config.yaml").read_text())["models"]
+    default = sorted(m for m, v in models.items() if v.get("enabled"))
+    assert len(default) >= 4 and all((repo / f"results/{m}/publish/publish.json").is_file() for m in default), default
+
+
+def test_the_one_model_tree_is_up_to_date_and_recorded(one_model_repo, smk_repo):
+    """The tree the next tests change: the whole DAG's stages of the default model (and the
+    toolchain), recorded in DVC by `make publish`'s own record (scripts/dvc_record.py, every output
+    checked against its stage's record first); nothing to do."""
+    repo, made = one_model_repo
+    whole = yaml.safe_load((smk_repo[0] / "dvc.yaml").read_text())["stages"]
+    n = len(made["stages"])
+    assert made["stages"] == sorted(k for k in whole if f"-{MODEL}" in k or k == "toolchain") and n > 15, made["stages"]
+    assert f"DVC: recorded the {n} stage(s) this run built, of {n}" in made["output"], made["output"][-2000:]
+    assert "Nothing to be done" in run("snakemake -n --cores 1 publish", repo).stdout
+    assert "Data and pipelines are up to date" in run("dvc status", repo).stdout
 
 
 def test_second_snakemake_run_has_nothing_to_do(smk_repo):
@@ -72,8 +94,10 @@ def test_a_toolchain_change_rebuilds_exports_and_after_but_not_sources(smk_repo)
     assert "Nothing to be done" in run("snakemake -n --cores 1 publish", repo).stdout
 
 
-def test_dvc_push_then_pull_restores_every_artifact_byte_for_byte(smk_repo):
-    repo, _ = smk_repo
+def test_dvc_push_then_pull_restores_every_artifact_byte_for_byte(one_model_repo):
+    """Every output of the default model's DAG (one_model_repo: DVC's whole-tree push and pull
+    there, and the realignment after it, handle that model's stages, not the whole DAG's)."""
+    repo, _ = one_model_repo
     before = tracked_outputs(repo)
     assert len(before) > 20
     run("dvc push -q", repo)
@@ -111,8 +135,8 @@ def test_a_maintainer_card_is_an_input_of_the_card(smk_repo):
     assert "Nothing to be done" in run("snakemake -n --cores 1 publish", repo).stdout
 
 
-def test_a_bundle_changed_after_its_gate_is_never_staged_nor_recorded(smk_repo):
-    repo, _ = smk_repo
+def test_a_bundle_changed_after_its_gate_is_never_staged_nor_recorded(one_model_repo):
+    repo, _ = one_model_repo
     mlirb = next((repo / "results/rwkv7-tiny/export/fp16").glob("*.aimodel/main.mlirb"))
     original, stat, lock = mlirb.read_bytes(), mlirb.stat(), (repo / "dvc.lock").read_text()
     damaged = bytearray(original)
@@ -141,8 +165,8 @@ def test_a_bundle_changed_after_its_gate_is_never_staged_nor_recorded(smk_repo):
     assert "Data and pipelines are up to date" in _dvc_changed(repo)
 
 
-def test_a_run_with_another_config_is_not_recorded_as_config_yaml(smk_repo, tmp_path):
-    repo, _ = smk_repo
+def test_a_run_with_another_config_is_not_recorded_as_config_yaml(one_model_repo, tmp_path):
+    repo, _ = one_model_repo
     cfg = yaml.safe_load((repo / "config.yaml").read_text())
     cfg["models"]["rwkv7-tiny"]["description"] = "Built from another config."
     cfg["build"] = ["rwkv7-tiny"]
@@ -163,10 +187,10 @@ def test_a_run_with_another_config_is_not_recorded_as_config_yaml(smk_repo, tmp_
     assert "Data and pipelines are up to date" in _dvc_changed(repo)
 
 
-def test_two_concurrent_runs_in_one_tree_lose_no_record(smk_repo):
+def test_two_concurrent_runs_in_one_tree_lose_no_record(one_model_repo):
     """Two runs at once whose DAGs share no file Snakemake locks (neither's output is an input of
     any job in the other's DAG: the fp16 gate and the fp32 lowering) both get recorded."""
-    repo, _ = smk_repo
+    repo, _ = one_model_repo
     env_cmd = "snakemake --cores 1 {target} --forcerun {rule}"  # --forcerun takes every word after it
     a = subprocess.Popen(env_cmd.format(rule="gate", target="results/rwkv7-tiny/gate/fp16.json"), cwd=repo,
                          shell=True, env=env(PYTHONPATH=str(repo)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -221,6 +245,14 @@ def _dvc_changed_stages(repo) -> set[str]:
     return {line.rstrip(":").split("-")[0] for line in out.splitlines() if line and not line.startswith(("\t", " "))}
 
 
+@pytest.fixture(scope="module")
+def one_model_jobs(one_model_repo) -> list[dict]:
+    """The one-model tree's DAG jobs (the same for every edit below: each test puts the file back)."""
+    from recurrent_coreai.pipeline import dag
+
+    return dag.snakemake_jobs(one_model_repo[0])
+
+
 # End to end through Snakemake and DVC for a sample (tests/test_dag_drift.py checks every stage's
 # fingerprint in process: its own script and modules in, the other stages' out). A family's folder
 # is in the fingerprint of every stage that runs family code (fingerprint.FAMILY_RULES), for that
@@ -234,12 +266,12 @@ FAMILY_RULES = ("source", "vocab", "reference", "export", "doctor", "card", "sta
     ("recurrent_coreai/families/rwkv7/reference.py", FAMILY_RULES),
     ("recurrent_coreai/coreai/quantize.py", ("export",)),
 ])
-def test_a_code_change_reruns_exactly_the_stages_that_run_it(smk_repo, edit, rules):
-    from recurrent_coreai.pipeline import dag, fingerprint
+def test_a_code_change_reruns_exactly_the_stages_that_run_it(one_model_repo, one_model_jobs, edit, rules):
+    from recurrent_coreai.pipeline import fingerprint
 
     assert set(FAMILY_RULES) == fingerprint.FAMILY_RULES
-    repo, _ = smk_repo
-    jobs = dag.snakemake_jobs(repo)
+    repo, _ = one_model_repo
+    jobs = one_model_jobs
     with _edited(repo / edit):
         planned = _planned_rules(repo)
         changed = _dvc_changed_stages(repo)
