@@ -10,7 +10,9 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -133,8 +135,12 @@ def test_the_rules_ask_for_what_resources_py_computes(tiny_results, tmp_path):
 
 
 # --- a real SLURM --------------------------------------------------------------------------------
-def _sacct(run_id: str) -> list[dict]:
-    out = subprocess.run(["sacct", "-X", "-P", "-n", "--name", run_id,
+def _sacct(run_id: str, since: datetime) -> list[dict]:
+    """The jobs named ``run_id`` (the plugin's job name) in ``since`` .. now. The window is explicit:
+    without -S, sacct starts it at 00:00 of the current day, so for a run that crossed midnight it
+    silently left out every job that had ended before (exit 0, fewer rows; seen with faketime on
+    SLURM 22.05). The run ID is a fresh UUID, so the name alone picks this run's jobs."""
+    out = subprocess.run(["sacct", "-X", "-P", "-n", "--name", run_id, "-S", f"{since:%Y-%m-%dT%H:%M:%S}", "-E", "now",
                           "-o", "JobID,State,ExitCode,ReqMem,Timelimit,ReqCPUS,Elapsed,Comment%300"],
                          capture_output=True, text=True, check=True, timeout=60).stdout
     keys = ("id", "state", "exit", "mem", "limit", "cpus", "elapsed", "comment")
@@ -145,6 +151,34 @@ def _minutes(limit: str) -> int:
     days, _, hms = limit.rpartition("-")
     h, m, s = map(int, hms.split(":"))
     return int(days or 0) * 1440 + h * 60 + m + math.ceil(s / 60)
+
+
+FAKE_SACCT = """
+import sys
+from datetime import datetime
+NOW = datetime(2026, 12, 2, 0, 5)  # a run that started at 23:55 and crossed midnight
+JOBS = [("1", "rule_toolchain", datetime(2026, 12, 1, 23, 58)), ("2", "rule_card_wildcards_m", datetime(2026, 12, 2, 0, 2))]
+args = sys.argv[1:]
+name = args[args.index("--name") + 1]
+# SLURM's default window: from 00:00 of the current day (22.05, when neither -s nor -j is given)
+since = datetime.fromisoformat(args[args.index("-S") + 1]) if "-S" in args else NOW.replace(hour=0, minute=0)
+for job_id, comment, end in JOBS:
+    if name == "run" and end >= since:
+        print(f"{job_id}|COMPLETED|0:0|500M|00:05:00|1|00:00:17|{comment}")
+"""
+
+
+def test_the_sacct_query_keeps_the_jobs_of_a_run_that_crossed_midnight(tmp_path, monkeypatch):
+    """A fake sacct with SLURM's default window (00:00 of the current day): the test's query names
+    its own window, so a job that ended before midnight is still counted."""
+    (tmp_path / "sacct").write_text(f"#!{sys.executable}\n{FAKE_SACCT}")
+    (tmp_path / "sacct").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    default = subprocess.run(["sacct", "-X", "-P", "-n", "--name", "run"], capture_output=True, text=True, check=True)
+    assert len(default.stdout.splitlines()) == 1  # the fake drops what a real sacct drops
+    rows = _sacct("run", datetime(2026, 12, 1, 23, 50))
+    assert [(r["id"], r["state"], r["comment"]) for r in rows] == \
+        [("1", "COMPLETED", "rule_toolchain"), ("2", "COMPLETED", "rule_card_wildcards_m")]
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +206,7 @@ def test_the_default_dag_runs_as_slurm_jobs_and_every_job_completes(slurm, tmp_p
     repo = fresh_copy(tmp_path_factory.mktemp("cluster"), edit=lambda cfg: cfg.update(build=["rwkv7-tiny"]))
     cfg = yaml.safe_load((repo / "config.yaml").read_text())
 
+    since = datetime.now().replace(microsecond=0) - timedelta(minutes=5)  # sacct's window opens before the run
     start = time.monotonic()
     proc = run("timeout -k 10 1500 snakemake --profile profiles/slurm --slurm-init-seconds-before-status-checks 2 "
                "publish", repo, timeout=1600)
@@ -187,12 +222,15 @@ def test_the_default_dag_runs_as_slurm_jobs_and_every_job_completes(slurm, tmp_p
               for j in every if (j["rule"], tuple(j["wildcards"].items())) not in local}
     assert len(local) + len(remote) == len(every) and not LOCAL_RULES & {j["rule"] for j in remote.values()}
 
-    rows = _sacct(run_id)
+    rows = _sacct(run_id, since)
     print(f"\n{len(rows)} SLURM jobs, wall {wall:.0f} s (snakemake --profile profiles/slurm publish):")
     for r in rows:
         print(f"  {r['id']:>4} {r['state']:<10} {r['elapsed']} mem {r['mem']:>6} limit {r['limit']} cpus {r['cpus']}"
               f"  {r['comment']}")
-    assert sorted(r["comment"] for r in rows) == sorted(remote), "one SLURM job per non-local job of the DAG"
+    got = sorted(r["comment"] for r in rows)
+    assert got == sorted(remote), ("one SLURM job per non-local job of the DAG: not in sacct "
+                                   f"{sorted(set(remote) - set(got))}, not in the DAG {sorted(set(got) - set(remote))}, "
+                                   f"more than once {sorted({c for c in got if got.count(c) > 1})}")
     assert {(r["state"], r["exit"]) for r in rows} == {("COMPLETED", "0:0")}
 
     results = repo / "results"
