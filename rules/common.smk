@@ -35,6 +35,7 @@ wildcard_constraints:
     model="|".join(map(re.escape, config["models"])),
     recipe="|".join(map(re.escape, config["recipes"])),
     target="|".join(map(re.escape, config["targets"])),
+    shard="[0-9]+",
 
 
 def family_of(model):
@@ -88,6 +89,12 @@ def stage_inputs(inputs_of, w):
     lay, model = Layout(RES, w.model), config["models"][w.model]
     named = inputs_of(lay, model["recipes"], model["targets"])
     return {k: list(map(str, v)) if isinstance(v, list) else str(v) for k, v in named.items()}
+
+
+def gate_shard_count(w):
+    """How many gate_shard jobs gate this recipe (pipeline/resources.py gate_shards: about
+    gate/shard_seconds of runtime work each; 1 for the tiny defaults)."""
+    return sizing.gate_shards(config, w.model, w.recipe)
 
 
 def curated_card(w):

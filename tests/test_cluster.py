@@ -101,14 +101,14 @@ def dry_run_jobs(text: str) -> list[dict]:
 def expected(repo_results: Path, cfg: dict, job: dict) -> dict:
     """What resources.py asks for this job, from the records of the built tree."""
     w, rule = job["wildcards"], job["rule"]
-    record = {"reference": "source", "export": "source", "aot": "export", "gate": "export"}.get(rule)
+    record = {"reference": "source", "export": "source", "aot": "export", "gate_shard": "export"}.get(rule)
     n = None
     if record:
         base = repo_results / w["model"]
         n = resources.parameters_recorded(cfg["models"][w["model"]]["family"],
                                           base / "source" if record == "source" else base / "export" / w["recipe"])
-    dtype = cfg["recipes"].get(w.get("recipe"), {}).get("dtype", "float32")
-    return resources.estimate(rule, n, dtype, steps=cfg["gate"]["steps"])
+    threads = resources.shard_threads(cfg)(w) if rule == "gate_shard" else 1
+    return resources.job_needs(rule, cfg, w, n, threads=threads)
 
 
 def test_the_rules_ask_for_what_resources_py_computes(tiny_results, tmp_path):
@@ -128,7 +128,7 @@ def test_the_rules_ask_for_what_resources_py_computes(tiny_results, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = [j for j in dry_run_jobs(proc.stdout + proc.stderr) if j["rule"] not in LOCAL_RULES]
-    assert {"toolchain", "vocab", "reference", "export", "aot", "gate", "card"} <= {j["rule"] for j in jobs}
+    assert {"toolchain", "vocab", "reference", "export", "aot", "gate_shard", "gate", "card"} <= {j["rule"] for j in jobs}
     for job in jobs:
         asked = {k: int(job["resources"][k]) for k in resources.NAMES}
         assert asked == expected(tiny_results, cfg, job), job

@@ -29,12 +29,15 @@ def test_dvc_parses_the_same_stages(repo_root, jobs, cfg):
 
 def test_every_stage_kind_is_present(jobs, cfg):
     rules = {j["rule"] for j in jobs}
-    assert rules == {"toolchain", "source", "vocab", "reference", "export", "aot", "gate", "doctor", "card",
-                     "report", "stage_and_push", "publish"}
+    assert rules == {"toolchain", "source", "vocab", "reference", "export", "aot", "gate_shard", "gate", "doctor",
+                     "card", "report", "stage_and_push", "publish"}
     # one export per recipe of each model the default builds: a tiny model of every registered family
     built = [m for m, spec in cfg["models"].items() if spec.get("enabled")]
     assert sorted(cfg["models"][m]["family"] for m in built) == sorted(families.NAMES)
     assert sum(j["rule"] == "export" for j in jobs) == sum(len(cfg["models"][m]["recipes"]) for m in built) == 12
+    # every default gate is one shard (gate/shard_seconds against the cost model), gathered by its gate
+    assert sorted(j["wildcards"]["shard"] for j in jobs if j["rule"] == "gate_shard") == ["0"] * 12
+    assert all(len([d for d in j["deps"] if "/shard-" in d]) == 1 for j in jobs if j["rule"] == "gate")
 
 
 def test_metrics_and_plots_and_params(repo_root):

@@ -54,12 +54,14 @@ CASES = {
                                  flip_byte, "aot"),
     "gate JSON max_abs_dlogits": (f"{MODEL}/gate/{RECIPE}.json", json_edit("max_abs_dlogits", 1e-06), "gate"),
     "gate TSV": (f"{MODEL}/gate/{RECIPE}.tsv", append_line, "gate"),
+    "gate shard record": (f"{MODEL}/gate/{RECIPE}/shard-0.json", json_edit("shards", 2), "gate_shard"),
     "doctor JSON": (lambda r: first_file(r / MODEL / "gate", ".doctor.json"), json_edit("findings", 7), "doctor"),
     "card README.md": (f"{MODEL}/card/README.md", append_line, "card"),
     "toolchain.json": ("toolchain.json", json_edit("versions", {"torch": "0"}), "toolchain"),
     "report index.html": (f"{MODEL}/report/index.html", append_line, "report"),
 }
-PUBLISH_READS = [kind for kind, (_, _, stage) in CASES.items() if stage != "report"]
+# publish reads the gate's verdict, not the shard records it was gathered from (the gate checked them)
+PUBLISH_READS = [kind for kind, (_, _, stage) in CASES.items() if stage not in ("report", "gate_shard")]
 
 
 def dvc_out(results: Path, path: Path) -> Path:

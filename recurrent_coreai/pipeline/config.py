@@ -315,6 +315,10 @@ STAGE_KEYS: dict[str, list[tuple[str, ...]]] = {
     "aot": [("targets", "{target}"), ("aot",), ("models", "{model}", "dir"), ("models", "{model}", "shipped")],
     "gate": [("gate", "prompts"), ("gate", "steps"), ("gate", "near_tie_epsilon"), ("gate", "thresholds", "{recipe}"),
              ("models", "{model}", "gate")],
+    # a shard records the gate's settings, and the gather refuses one made with others; how many
+    # shards (from gate/shard_seconds) is on its command line, and Snakemake's param
+    "gate_shard": [("gate", "prompts"), ("gate", "steps"), ("gate", "near_tie_epsilon"),
+                   ("gate", "thresholds", "{recipe}"), ("models", "{model}", "gate")],
     "card": [("models", "{model}"), ("recipes",), ("targets",)],
     # publish renders the card again and recomputes each gate verdict from its TSV (stages/derivation.py):
     # the card's settings and the gate's, every recipe's thresholds
@@ -366,6 +370,17 @@ def gate_settings(stage_settings: dict, recipe_name: str) -> dict:
             g["steps"] = own["steps"][recipe_name]
             g["steps_why"] = own["why"]
     return g
+
+
+def prefill_length(prefill: dict, config_file: str = "config.yaml") -> int:
+    """Tokens in the gate's prefill stream: ``prefill.gate_tokens``, by default 2*chunk+5."""
+    chunk = prefill["chunk"]
+    n = prefill.get("gate_tokens", 2 * chunk + 5)
+    if n < chunk + 1:
+        raise PipelineError(config_file, f"prefill.gate_tokens {n} is shorter than chunk + 1 ({chunk + 1}): the gate "
+                            "would not run a full chunk and a tail", "raise prefill.gate_tokens or leave it out "
+                            "(default 2*chunk+5)")
+    return n
 
 
 def prompt_budgets(prompt_tokens: Sequence[int], steps: int, config_file: str | Path = DEFAULT_FILE,

@@ -77,7 +77,7 @@ def snakemake_jobs(workdir: str | Path = ".", target: str = "publish", *, forcea
 
 
 def stage_name(job: dict) -> str:
-    parts = [job["rule"]] + [job["wildcards"][k] for k in ("model", "target", "recipe") if k in job["wildcards"]]
+    parts = [job["rule"]] + [job["wildcards"][k] for k in ("model", "target", "recipe", "shard") if k in job["wildcards"]]
     return re.sub(r"[^A-Za-z0-9_-]", "_", "-".join(parts))
 
 

@@ -34,6 +34,7 @@ ENTRY = {
     "toolchain": ("toolchain", "stages.toolchain"), "source": ("source", "stages.source"),
     "vocab": ("vocab", "stages.vocab"), "reference": ("reference", "stages.reference"),
     "export": ("export", "stages.export"), "aot": ("aot", "stages.aot"), "gate": ("gate", "stages.gate"),
+    "gate_shard": ("gate_shard", "stages.gate_shard"),
     "card": ("card", "stages.card"), "stage_and_push": ("publish", "stages.publish"),
     "doctor": ("doctor", "stages.doctor"), "report": ("report", "stages.report"),
 }
@@ -43,7 +44,7 @@ DATA = {"stages.card": ("templates/model_card.md.j2",), "stages.report": ("templ
 # rules whose stage runs a family's code (loaded by name through the registry)
 FAMILY_RULES = frozenset({"source", "vocab", "reference", "export", "doctor", "card", "stage_and_push"})
 # the rules whose code built what the publish stage stages and attests (hub/provenance.py)
-ATTESTED = ("toolchain", "source", "vocab", "reference", "export", "aot", "gate", "doctor", "card")
+ATTESTED = ("toolchain", "source", "vocab", "reference", "export", "aot", "gate_shard", "gate", "doctor", "card")
 
 
 def _path(module: str) -> Path | None:

@@ -32,6 +32,10 @@ class Layout:
     def gate_tsv(self, recipe: str) -> Path:
         return self.base / "gate" / f"{recipe}.tsv"
 
+    def gate_shard(self, recipe: str, shard: int | str) -> Path:
+        """One gate shard's record (stages/gate_shard.py), gathered into the gate JSON."""
+        return self.base / "gate" / recipe / f"shard-{shard}.json"
+
     def doctor_json(self, recipe: str) -> Path:
         """coreai doctor's reports for a recipe, beside its gate result."""
         return self.base / "gate" / f"{recipe}.doctor.json"

@@ -395,6 +395,9 @@ def verify_output(path: str | Path) -> str:
     if path.suffix == ".html":
         read_report(path)
         return "report"
+    if path.suffix == ".json" and path.name.startswith("shard-") and path.parent.parent.name == "gate":
+        check_seal(path, "gate_shard")  # results/<m>/gate/<recipe>/shard-<k>.json (paths.Layout.gate_shard)
+        return "gate_shard"
     if path.suffix == ".json":
         load_json(path)
         try:

@@ -11,7 +11,7 @@ Memory is ``MEMORY[rule]``: base MB + a multiple of the weight bytes, times ``HE
   bundle: 1.5B-shaped, fp16 3.8 GB for a 3.06 GB bundle, int8keepproj 3.0 GB for 2.17 GB
   (bench/bench_scale.py); rwkv7-tiny: 630 MB (fp32 weights 69 MB).
 * source: streamed too (1.5B-shaped: 772 MB peak for the 6.1 GB checkpoint), so it is FLAT.
-* aot / gate: rwkv7-tiny 360-440 MB; they hold the bundle (about 2x / 1.5x its bytes).
+* aot / gate_shard: rwkv7-tiny 360-440 MB; they hold the bundle (about 2x / 1.5x its bytes).
 * runtimes scale with parameters (and gate steps) from rwkv7-tiny on this 2-core machine, with
   a generous ``TIME_HEADROOM``; the gate's float16 rate (one process) is checked at 1.5B: the
   1.5B-shaped fp16 gate took 1089 s CPU for 127 steps and the prefill check (about 5 s per
@@ -28,10 +28,13 @@ from pathlib import Path
 from typing import Callable
 
 from recurrent_coreai import families
+from recurrent_coreai.pipeline import config as cfgmod
+from recurrent_coreai.pipeline import shards
 from recurrent_coreai.pipeline.records import EXPORT, MANIFEST, load_json
 
 NAMES = ("mem_mb", "runtime", "cpus_per_task")
 DTYPE_BYTES = {"float32": 4, "float16": 2}
+DTYPE_OF = {"quantized": "float16"}  # the dtype of a rate key that is not one (quantised weights: fp16 activations)
 HEADROOM = 1.25  # on memory
 TIME_HEADROOM = 3.0  # on run time
 RETRY_GROWTH = 0.5  # a retried job (snakemake --retries N) asks for 1.5x, 2x, ... the memory
@@ -41,7 +44,7 @@ MEMORY = {
     "reference": (600, 1.5, "fp32"),
     "export": (600, 1.2, "bundle"),
     "aot": (500, 2.0, "bundle"),
-    "gate": (500, 1.5, "bundle"),
+    "gate_shard": (500, 1.5, "bundle"),
 }
 # rule -> seconds per billion parameters (per gate step for `gate`, per reference step for
 # `reference`), by the dtype the stage computes in; measured on rwkv7-tiny (17.2 M parameters)
@@ -49,11 +52,15 @@ SECONDS_PER_GPARAM = {
     "reference": {"float32": 1.7},
     "export": {"float32": 1500.0, "float16": 1500.0},
     "aot": {"float32": 120.0, "float16": 120.0},
-    "gate": {"float32": 7.0, "float16": 25.0},  # float16: int8keepproj's dequantisation (tiny 20.7; fp16 6.1)
+    # per decode call; "quantized": a recipe with int8/int4 weights, which the Linux runtime dequantises
+    # on every call (int8keepproj: tiny 20.7, 1.5B ~25); fp16: tiny 6.1, 1.5B 1089 s CPU for 127 steps
+    # and the prefill check (~5.2)
+    "gate_shard": {"float32": 7.0, "float16": 6.1, "quantized": 25.0},
 }
 STARTUP_S = 30  # imports (torch, coreai) and reading the inputs
-# rule -> (mem_mb, runtime) for the jobs that do not grow with the model (doctor: a static lint)
-FLAT = {"toolchain": (500, 5), "vocab": (1000, 10), "card": (1000, 10), "doctor": (1000, 15), "report": (1000, 10),
+# rule -> (mem_mb, runtime) for the jobs that do not grow with the model (doctor: a static lint;
+# gate: the gather, which reads the shard records and hashes the bundle once)
+FLAT = {"toolchain": (500, 5), "gate": (1000, 10), "vocab": (1000, 10), "card": (1000, 10), "doctor": (1000, 15), "report": (1000, 10),
         "stage_and_push": (2000, 30), "source": (2000, 60)}
 SIZED = tuple(MEMORY)
 
@@ -75,10 +82,16 @@ def cpus_for(params: int) -> int:
     return next(c for limit, c in ((0.5e9, 1), (1e9, 2), (2e9, 4), (math.inf, 8)) if params < limit)
 
 
+def rate_key(recipe: dict) -> str:
+    """Which rate of SECONDS_PER_GPARAM a recipe runs at: ``quantized`` for quantised weights
+    (where a rule has that rate), else its dtype."""
+    return "quantized" if recipe.get("quantize") else recipe.get("dtype", "float32")
+
+
 def estimate(rule: str, params: int | None = None, dtype: str = "float32", steps: int = 1, attempt: int = 1) -> dict:
     """``{mem_mb, runtime, cpus_per_task}`` of one job of ``rule``. ``params`` (the parameter
     count) is required for the
-    rules whose needs grow with the model (``SIZED``); ``dtype`` is the recipe's, ``steps`` the
+    rules whose needs grow with the model (``SIZED``); ``dtype`` is the recipe's rate_key, ``steps`` the
     gate's (reference and gate run one model step per token)."""
     grow = 1 + RETRY_GROWTH * (max(attempt, 1) - 1)
     if rule not in SIZED and rule not in FLAT:
@@ -87,35 +100,61 @@ def estimate(rule: str, params: int | None = None, dtype: str = "float32", steps
         mem, minutes = FLAT[rule]
         return {"mem_mb": int(mem * grow), "runtime": minutes, "cpus_per_task": 1}
     base, per_byte, weights = MEMORY[rule]
-    weight_bytes = params * (4 if weights == "fp32" else DTYPE_BYTES[dtype])
+    weight_bytes = params * (4 if weights == "fp32" else DTYPE_BYTES[DTYPE_OF.get(dtype, dtype)])
     mem = (base + per_byte * weight_bytes / 1e6) * HEADROOM * grow
     rates = SECONDS_PER_GPARAM[rule]
-    work = steps if rule in ("gate", "reference") else 1
-    seconds = STARTUP_S + rates.get(dtype, rates.get("float32")) * params / 1e9 * work
+    work = steps if rule in ("gate_shard", "reference") else 1
+    rate = rates.get(dtype, rates.get(DTYPE_OF.get(dtype, dtype), rates["float32"]))
+    seconds = STARTUP_S + rate * params / 1e9 * work
     return {"mem_mb": int(math.ceil(mem / 100) * 100),
             "runtime": max(MIN_RUNTIME, int(math.ceil(seconds * TIME_HEADROOM / 60))),
             "cpus_per_task": cpus_for(params)}
 
 
+def job_needs(rule: str, config: dict, wildcards: dict, params: int | None, attempt: int = 1,
+              threads: int = 1) -> dict:
+    """``{mem_mb, runtime, cpus_per_task}`` of one job of ``rule`` with these ``wildcards``, for a
+    model of ``params`` parameters (its stage's record; None for the rules that do not grow). A
+    gate shard's steps are its plan's longest shard (decode calls, warm-up included; shards.py),
+    and it asks for ``threads`` CPUs and memory for that many processes, each holding the bundle."""
+    recipe = config["recipes"].get(wildcards.get("recipe"), {})
+    steps = config["gate"]["steps"]
+    if rule == "gate_shard":
+        plan_shape = gate_plan_shape(config, wildcards["model"], wildcards["recipe"])
+        steps = math.ceil(shards.critical_cost(*plan_shape, gate_shards(config, wildcards["model"], wildcards["recipe"])))
+    need = estimate(rule, params, dtype=rate_key(recipe), steps=steps, attempt=attempt)
+    if rule == "gate_shard":
+        need.update(mem_mb=need["mem_mb"] * threads, cpus_per_task=threads)
+    return need
+
+
 def for_rule(rule: str, config: dict, record: str | None = None) -> dict[str, Callable]:
-    """``resources:`` of a rule as Snakemake callables: ``resources: **for_rule("export", config,
-    "source")`` sizes each export from the geometry recorded in its ``input.source``."""
+    """``resources:`` of a rule as Snakemake callables (:func:`job_needs`): ``resources:
+    **for_rule("export", config, "source")`` sizes each export from the geometry recorded in its
+    ``input.source``."""
 
     def one(name: str) -> Callable:
         def value(wildcards, input, attempt, threads):  # noqa: A002 - Snakemake passes these by name
             n = parameters_recorded(config["models"][wildcards.model]["family"], input[record]) if record else None
-            recipe = config["recipes"].get(wildcards.get("recipe"), {})
-            need = estimate(rule, n, dtype=recipe.get("dtype", "float32"), steps=config["gate"]["steps"],
-                            attempt=attempt)
-            if rule == "gate" and name == "mem_mb":  # each of its processes holds the bundle
-                return need[name] * threads
-            return need[name]
+            return job_needs(rule, config, dict(wildcards.items()), n, attempt, threads)[name]
         return value
 
     return {name: one(name) for name in NAMES}
 
 
 MAX_GATE_THREADS = 4  # the gate's units: the prefill check and one per prompt (4 by default)
+
+
+def shard_threads(config: dict) -> Callable:
+    """``threads:`` of a gate shard: the gate's (:func:`gate_threads`) when the gate is one
+    shard (its pieces then run in that many processes); 1 when it has several, which the
+    scheduler places side by side instead."""
+    whole = gate_threads(config)
+
+    def value(wildcards):
+        return whole(wildcards) if gate_shards(config, wildcards["model"], wildcards["recipe"]) == 1 else 1
+
+    return value
 
 
 def gate_threads(config: dict) -> Callable:
@@ -125,11 +164,46 @@ def gate_threads(config: dict) -> Callable:
     ``--cores``; the stage runs as many processes as it is granted (gate.workers_granted)."""
 
     def value(wildcards):
-        model = config["models"][wildcards.model]
-        shape = model["source"].get("shape")
-        if not shape:
-            return MAX_GATE_THREADS
-        fam = families.get(model["family"])
-        return cpus_for(fam.parameter_count(fam.geometry_from_shape(shape, "config.yaml")))
+        params = configured_parameters(config["models"][wildcards["model"]])
+        return MAX_GATE_THREADS if params is None else cpus_for(params)
 
     return value
+
+
+SHARD_SECONDS = 600  # gate/shard_seconds where a config leaves it out (config.yaml states it)
+
+
+def configured_parameters(model: dict) -> int | None:
+    """The parameter count of a model's configured shape (a synthetic source), else None: an hf
+    checkpoint's shape is known only once it is downloaded, after Snakemake built its DAG."""
+    shape = model["source"].get("shape")
+    if not shape:
+        return None
+    fam = families.get(model["family"])
+    return fam.parameter_count(fam.geometry_from_shape(shape, "config.yaml"))
+
+
+def gate_call_seconds(params: int | None, key: str) -> float | None:
+    """One decode call of a bundle in the Linux runtime (SECONDS_PER_GPARAM; ``key``: rate_key of
+    its recipe), None if unknown."""
+    return None if params is None else SECONDS_PER_GPARAM["gate_shard"][key] * params / 1e9
+
+
+def gate_plan_shape(cfg: dict, model: str, recipe: str) -> tuple[list[int], int, int]:
+    """(steps per prompt, prefill check tokens, prefill chunk) of a gate as configured: the
+    steps shared equally by the prompts (what config.prompt_budgets gives when every prompt fits
+    its share, as the default prompts do; a reference that records longer prompts gets its own
+    plan from the same shard count, stages/gate.py)."""
+    g = cfgmod.gate_settings(cfgmod.settings(cfg, "gate", model=model, recipe=recipe), recipe)
+    lengths = cfgmod.prompt_budgets([0] * len(g["prompts"]), g["steps"])
+    return lengths, cfgmod.prefill_length(cfg["prefill"]), cfg["prefill"]["chunk"]
+
+
+def gate_shards(cfg: dict, model: str, recipe: str) -> int:
+    """How many ``gate_shard`` jobs gate ``model``'s ``recipe`` (shards.shard_count): about
+    ``gate/shard_seconds`` of runtime each by the per-call cost above; as many as shorten the
+    gate where the parameter count is not known yet (an hf source). 1 for the tiny defaults."""
+    m = cfg["models"][model]
+    seconds = gate_call_seconds(configured_parameters(m), rate_key(cfg["recipes"][recipe]))
+    lengths, tokens, chunk = gate_plan_shape(cfg, model, recipe)
+    return shards.shard_count(lengths, tokens, chunk, seconds, cfg["gate"].get("shard_seconds", SHARD_SECONDS))

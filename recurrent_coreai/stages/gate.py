@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recurrent_coreai.pipeline import stage
+from recurrent_coreai.pipeline import shards, stage
 from recurrent_coreai.coreai import toolchain
 from recurrent_coreai.pipeline.config import gate_settings, prompt_budgets
 from recurrent_coreai.coreai.runtime import PromptSession
@@ -32,7 +32,8 @@ from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_function
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import atomic_path, dumps_json, sha256_file, tree_manifest
 from recurrent_coreai.util.progress import progress
-from recurrent_coreai.pipeline.records import PROMPT_TOKENS, read_aot, read_export, read_stream, sealed_text
+from recurrent_coreai.pipeline.records import (PROMPT_TOKENS, check_seal, read_aot, read_export, read_stream, rerun_fix,
+                                               sealed_text)
 
 TSV_COLUMNS = ("step", "prompt", "pos", "token", "ref_top1", "ref_top2", "engine_top1", "ref_margin",
                "near_tie", "agree", "max_abs_dlogits", "kl")
@@ -137,12 +138,20 @@ def check_epsilon(epsilon: float, stream: dict, stream_path: Path, config_file: 
     return scale
 
 
-def decode_rows(sess, stream: dict, eps: float, start: int = 0, stop: int | None = None) -> list[dict]:
+def decode_rows(sess, stream: dict, eps: float, start: int = 0, stop: int | None = None,
+                first: int | None = None) -> list[dict]:
     """Steps ``start``..``stop`` of the per-prompt streams through the decode function, states
-    reset at each new prompt (``start`` must be a prompt's first step: see :func:`units`)."""
+    reset at each new prompt. A run that starts mid-prompt names that prompt's ``first`` step:
+    the prompt's tokens ``first``..``start-1`` go through the bundle's own functions first --
+    full chunks through prefill, the rest through decode (``PromptSession.feed``) -- and are not
+    compared: the engine's own state is where the compared steps start (pipeline/shards.py)."""
     rows: list[dict] = []
     prev_prompt = None
     stop = len(stream["tokens"]) if stop is None else stop
+    if first is not None and first < start:
+        sess.reset()
+        sess.feed([int(t) for t in stream["tokens"][first:start]])
+        prev_prompt = stream["prompt"][start]
     label = f"gate {Path(sess.aimodelx).stem}"  # e.g. gate rwkv7-tiny-fp16
     for step in progress(range(start, stop), label, stop - start, "steps"):
         tok, prompt, pos = stream["tokens"][step], stream["prompt"][step], stream["pos"][step]
@@ -240,20 +249,25 @@ def prefill_check(sess: PromptSession, stream: dict, thresholds: dict, eps: floa
     return result
 
 
-def units(stream: dict) -> list[tuple[int, int] | None]:
-    """The gate's independent pieces of work: each prompt's decode steps ``(start, stop)`` (the
-    states are reset at a prompt's first step) and ``None``, the prefill check (from zero
-    states). Any split over processes gives the same rows as one process running them in order."""
+def prompt_lengths(stream: dict) -> list[int]:
+    """The gated stream's steps per prompt, in stream order."""
     prompts = stream["prompt"]
     firsts = [0] + [i for i in range(1, len(prompts)) if prompts[i] != prompts[i - 1]] + [len(prompts)]
-    return [None] + list(zip(firsts, firsts[1:]))
+    return [b - a for a, b in zip(firsts, firsts[1:])]
 
 
-def _run_unit(sess, unit: tuple[int, int] | None, stream: dict, settings: dict) -> dict | list[dict]:
+def shard_plan(stream: dict, count: int) -> list[list[dict]]:
+    """The gate's work in ``count`` shards (pipeline/shards.py): pieces that are the prefill check
+    or a run of one prompt's steps. One shard holds the prefill check, then every prompt."""
+    return shards.plan(prompt_lengths(stream), len(stream["prefill_tokens"]), int(stream["prefill_chunk"]), count)
+
+
+def run_piece(sess, piece: dict, stream: dict, settings: dict) -> dict | list[dict]:
+    """One piece of a shard: the prefill check's result, or its decode rows."""
     eps = settings["near_tie_epsilon"]
-    if unit is None:
+    if piece.get(shards.PREFILL):
         return prefill_check(sess, stream, settings["thresholds"], eps)
-    return decode_rows(sess, stream, eps, *unit)
+    return decode_rows(sess, stream, eps, piece["start"], piece["stop"], piece["first"])
 
 
 _WORKER: dict = {}  # in a gate worker process: its session, stream and settings
@@ -274,10 +288,10 @@ def _worker_init(session_factory, aimodelx: Path, export_record: dict, stream: d
     _WORKER.update(sess=sess, stream=stream, settings=settings)
 
 
-def _worker_run(unit):
+def _worker_run(piece):
     if "error" in _WORKER:
         raise _WORKER["error"]
-    return _run_unit(_WORKER["sess"], unit, _WORKER["stream"], _WORKER["settings"])
+    return run_piece(_WORKER["sess"], piece, _WORKER["stream"], _WORKER["settings"])
 
 
 def workers_granted() -> int:
@@ -294,50 +308,79 @@ def workers_granted() -> int:
     return 1
 
 
-def run_gate(aimodelx: Path, export_record: dict, stream: dict, settings: dict,
-             session_factory=PromptSession, workers: int = 1) -> tuple[dict, list[dict]]:
-    """Both checks; the verdict also holds the contract and the prefill result. With ``workers``
-    > 1 the :func:`units` run in that many processes, each with its own runtime session (the
-    Linux runtime computes on the calling thread, so this is how the gate uses more cores);
-    the rows are the same. Returns (result, the decode rows for the TSV)."""
-    work = units(stream)
-    workers = max(1, min(workers, len(work)))
-    stage.log.info("gate %s: %d step(s) and the prefill check in %d process(es)", Path(aimodelx).stem,
-                   len(stream["tokens"]), workers)
+def run_pieces(aimodelx: Path, export_record: dict, stream: dict, settings: dict, pieces: list[dict],
+               session_factory=PromptSession, workers: int = 1) -> list:
+    """Each piece's result (:func:`run_piece`), in order. With ``workers`` > 1 the pieces run in
+    that many processes, each with its own runtime session (the Linux runtime computes on the
+    calling thread, so this is how one job uses more cores); the results are the same."""
+    workers = max(1, min(workers, len(pieces)))
+    steps = sum(p["stop"] - p["start"] for p in pieces if not p.get(shards.PREFILL))
+    stage.log.info("gate %s: %d step(s)%s in %d process(es)", Path(aimodelx).stem, steps,
+                   " and the prefill check" if any(p.get(shards.PREFILL) for p in pieces) else "", workers)
     if workers == 1:
         with session_factory(aimodelx, export_record) as sess:
-            done = [_run_unit(sess, unit, stream, settings) for unit in work]
-    else:
-        import concurrent.futures
-        import multiprocessing
+            return [run_piece(sess, piece, stream, settings) for piece in pieces]
+    import concurrent.futures
+    import multiprocessing
 
+    try:
+        pool = concurrent.futures.ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+            initargs=(session_factory, aimodelx, export_record, stream, settings))
         try:
-            pool = concurrent.futures.ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
-                initargs=(session_factory, aimodelx, export_record, stream, settings))
-            try:
-                done = list(pool.map(_worker_run, work))
-            except KeyboardInterrupt:  # end the workers now rather than after their current unit
-                for proc in list((getattr(pool, "_processes", None) or {}).values()):
-                    proc.terminate()
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
-            pool.shutdown()
-        except concurrent.futures.process.BrokenProcessPool:
-            raise PipelineError(aimodelx, f"a gate process died (killed by the system, often for memory) while "
-                                f"{workers} ran at once", "give the gate more memory or fewer threads "
-                                "(snakemake --set-threads gate=1) and run again") from None
-    prefill, rows = done[0], [row for part in done[1:] for row in part]
+            done = list(pool.map(_worker_run, pieces))
+        except KeyboardInterrupt:  # end the workers now rather than after their current piece
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.terminate()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown()
+    except concurrent.futures.process.BrokenProcessPool:
+        raise PipelineError(aimodelx, f"a gate process died (killed by the system, often for memory) while "
+                            f"{workers} ran at once", "give the gate more memory or fewer threads "
+                            "(snakemake --set-threads gate_shard=1) and run again") from None
+    return done
+
+
+def gather(plan: list[list[dict]], done: list[list], export_record: dict, settings: dict) -> tuple[dict, list[dict]]:
+    """The verdict from every shard's piece results (``done[k][i]`` is the result of
+    ``plan[k][i]``): the decode rows in step order and the prefill check, judged as one gate; the
+    verdict also holds the contract and the prefill result. Returns (result, the rows for the TSV)."""
+    prefill, rows = None, []
+    for pieces, results in zip(plan, done):
+        for piece, res in zip(pieces, results):
+            if piece.get(shards.PREFILL):
+                prefill = res
+            else:
+                rows.extend(res)
+    rows.sort(key=lambda r: r["step"])
     result = verdict(rows, settings["thresholds"])
     reasons = contract_problems(export_record) + result["reasons"] + [f"prefill: {r}" for r in prefill["reasons"]]
+    mid = [p for pieces in plan for p in pieces if not p.get(shards.PREFILL) and p["start"] > p["first"]]
     result.update({"pass": not reasons, "reasons": reasons, "prefill": prefill,
                    "state_writes": {fn: spec.get("state_writes") for fn, spec in export_record["functions"].items()},
                    "near_tie_epsilon": settings["near_tie_epsilon"], "thresholds": settings["thresholds"],
-                   "prompts": settings["prompts"]})
+                   "prompts": settings["prompts"],
+                   "shards": {"count": len(plan),
+                              "steps": [sum(p["stop"] - p["start"] for p in pieces if not p.get(shards.PREFILL))
+                                        for pieces in plan],
+                              "mid_prompt_starts": len(mid)}})
     for key in ("thresholds_why", "steps_why"):  # the model's own settings (config: models/<model>/gate)
         if key in settings:
             result[key] = settings[key]
     return result, rows
+
+
+def run_gate(aimodelx: Path, export_record: dict, stream: dict, settings: dict,
+             session_factory=PromptSession, workers: int = 1, shard_count: int = 1) -> tuple[dict, list[dict]]:
+    """The whole gate in this job: every shard of a ``shard_count`` plan, their pieces over
+    ``workers`` processes, gathered. Returns (result, the decode rows for the TSV)."""
+    plan = shard_plan(stream, shard_count)
+    flat = [p for pieces in plan for p in pieces]
+    done, results = iter(run_pieces(aimodelx, export_record, stream, settings, flat, session_factory, workers)), []
+    for pieces in plan:
+        results.append([next(done) for _ in pieces])
+    return gather(plan, results, export_record, settings)
 
 
 def check_stream(stream: dict, stream_path: Path, export_record: dict) -> None:
@@ -407,10 +450,12 @@ def write_report(result: dict, rows: list[dict], json_path: Path, tsv_path: Path
         tmp.write_text(sealed_text({**result, "tsv": tsv}, "gate"), encoding="utf-8", newline="\n")
 
 
-def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream_path: Path, settings: dict,
-                json_path: Path, tsv_path: Path, workers: int = 1, config_file: str | Path = "config.yaml") -> dict:
-    """Gate one recipe's bundle. The result records the sha256 of every file it tested (the
-    ``.aimodel`` and the lowering it ran): publish ships those bytes and no others."""
+def gate_inputs(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream_path: Path, settings: dict,
+                config_file: str | Path = "config.yaml") -> dict:
+    """What a gate shard runs and the gather judges, each checked against its stage's record:
+    ``record`` (export.json), ``aimodelx`` (the lowering run), ``tested`` (the bundle's file
+    manifest: the bytes tested, which the lowering must be built from), ``lowered`` (its files),
+    ``stream`` (the decode steps this gate compares), ``scale`` and ``reference_steps``."""
     # export.json as the export stage sealed it; the bundle's bytes are what the gate tests and
     # records (tested_files), and must be the ones the lowering was built from
     record = read_export(export_dir, files=False)
@@ -420,21 +465,89 @@ def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
     if lowering["from"] != tested:
         raise PipelineError(aot_dir, f"was lowered from other bytes than {aimodel}",
                             "rerun the aot stage for the universal target (snakemake --forcerun aot)")
-    aimodelx = aot_dir / lowering["product"]
     # checked against the digest the reference stage recorded in it (a stream made by hand has
     # none: the gate records its sha256, and publish requires the digest)
     stream = read_stream(stream_path, required=False)
     check_stream(stream, stream_path, record)
     scale = check_epsilon(settings["near_tie_epsilon"], stream, stream_path, config_file)
-    reference_steps = len(stream["tokens"])
     setting = f"models/{model}/gate/steps/{recipe}" if "steps_why" in settings else "gate.steps"
-    stream = gate_steps(stream, len(settings["prompts"]), settings["steps"], stream_path, config_file, setting)
-    result, rows = run_gate(aimodelx, record, stream, settings, workers=workers)
-    result.update(reference_steps=reference_steps, reference_logit_scale=scale)
-    result.update({"model": model, "recipe": recipe, "bundle": record["bundle"], "bundle_sha256": bundle_digest(tested),
-                   "lowered": aimodelx.name, "tested_files": {"aimodel": tested, "lowered": lowering["files"]},
-                   "reference_sha256": sha256_file(stream_path),
-                   "toolchain": toolchain.versions(), "size_bytes": record["size_bytes"]})
+    return {"record": record, "aimodelx": aot_dir / lowering["product"], "tested": tested,
+            "lowered": lowering["files"], "reference_steps": len(stream["tokens"]), "scale": scale,
+            "reference_sha256": sha256_file(stream_path),
+            "stream": gate_steps(stream, len(settings["prompts"]), settings["steps"], stream_path, config_file, setting)}
+
+
+def tested_fields(model: str, recipe: str, inputs: dict) -> dict:
+    """What a gate shard record and the gate JSON both say they tested."""
+    return {"model": model, "recipe": recipe, "bundle": inputs["record"]["bundle"],
+            "bundle_sha256": bundle_digest(inputs["tested"]), "lowered": inputs["aimodelx"].name,
+            "tested_files": {"aimodel": inputs["tested"], "lowered": inputs["lowered"]},
+            "reference_sha256": inputs["reference_sha256"]}
+
+
+SHARD_STAGE = "gate_shard"  # the stage (and rule) that writes a shard record
+
+
+def run_shard(model: str, recipe: str, inputs: dict, settings: dict, shard: int, count: int, out: Path,
+              workers: int = 1) -> dict:
+    """Shard ``shard`` of ``count``: its pieces of the plan run in the runtime, written as a sealed
+    record of what was tested, the settings, its pieces and their results (no timings: a rebuild
+    writes the same bytes). The verdict is the gather's (:func:`gate_bundle`)."""
+    if not 0 <= shard < count:
+        raise PipelineError(out, f"is shard {shard} of {count}: there is no such shard",
+                            f"run shards 0..{count - 1} (--shard K --shards {count})")
+    pieces = shard_plan(inputs["stream"], count)[shard]
+    results = run_pieces(inputs["aimodelx"], inputs["record"], inputs["stream"], settings, pieces, workers=workers)
+    record = {**tested_fields(model, recipe, inputs), "shard": shard, "shards": count, "settings": settings,
+              "pieces": pieces, "results": results, "toolchain": toolchain.versions()}
+    with atomic_path(out) as tmp:
+        tmp.write_text(sealed_text(record, SHARD_STAGE), encoding="utf-8", newline="\n")
+    return record
+
+
+def read_shards(paths: list[Path], model: str, recipe: str, inputs: dict, settings: dict) -> tuple[list, list]:
+    """The shard records of this gate, in order, each checked: sealed by its stage, made for this
+    bundle, lowering, reference and settings, and holding exactly its pieces of the plan for
+    ``len(paths)`` shards. Returns (the plan, each shard's piece results). One line naming the
+    shard otherwise: a missing, stale or edited shard never counts."""
+    plan = shard_plan(inputs["stream"], len(paths))
+    expect = tested_fields(model, recipe, inputs)
+    fix = rerun_fix(SHARD_STAGE)
+    done = []
+    for k, path in enumerate(map(Path, paths)):
+        rec = check_seal(path, SHARD_STAGE)
+        for key, want in [*expect.items(), ("shard", k), ("shards", len(paths)), ("settings", settings),
+                          ("pieces", plan[k])]:
+            if rec.get(key) != want:
+                what = {"bundle_sha256": "another bundle", "tested_files": "other bundle or lowering bytes",
+                        "reference_sha256": "another reference stream", "settings": "other gate settings",
+                        "pieces": f"other steps than shard {k} of {len(paths)} of this reference's plan",
+                        "shard": f"shard {rec.get('shard')!r}, not {k}", "shards": f"{rec.get('shards')!r} shards, "
+                        f"not {len(paths)}"}.get(key, f"another {key} ({rec.get(key)!r}, not {want!r})")
+                raise PipelineError(path, f"is a gate shard of {what}: it was not made for this gate", fix)
+        results = rec.get("results")
+        if not isinstance(results, list) or len(results) != len(plan[k]):
+            raise PipelineError(path, "holds no result for some of its pieces", fix)
+        done.append(results)
+    return plan, done
+
+
+def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream_path: Path, settings: dict,
+                json_path: Path, tsv_path: Path, workers: int = 1, config_file: str | Path = "config.yaml",
+                shard_paths: list[Path] | None = None) -> dict:
+    """Gate one recipe's bundle: gather the ``shard_paths`` records (the ``gate_shard`` jobs'),
+    or without them run the whole gate here as one shard. The result records the sha256 of every
+    file it tested (the ``.aimodel`` and the lowering it ran): publish ships those bytes and no others."""
+    inputs = gate_inputs(model, recipe, export_dir, aot_dir, stream_path, settings, config_file)
+    record = inputs["record"]
+    if shard_paths:
+        plan, done = read_shards(shard_paths, model, recipe, inputs, settings)
+        result, rows = gather(plan, done, record, settings)
+    else:
+        result, rows = run_gate(inputs["aimodelx"], record, inputs["stream"], settings, workers=workers)
+    result.update(reference_steps=inputs["reference_steps"], reference_logit_scale=inputs["scale"])
+    result.update({**tested_fields(model, recipe, inputs), "toolchain": toolchain.versions(),
+                   "size_bytes": record["size_bytes"]})
     if not result["pass"]:
         failed = json_path.with_suffix(".failed.json")
         write_report(result, rows, failed, tsv_path.with_suffix(".failed.tsv"))
@@ -465,16 +578,19 @@ def remove_stale_report(json_path: Path) -> None:
 @main_guard
 def main(argv=None) -> int:
     """The gate stage: ``scripts/gate.py --model M --recipe R --export DIR --aot DIR --reference NPZ
-    --json J --tsv T``; exit 1 (and no declared output) when the bundle fails."""
+    --json J --tsv T [--shards S0 S1 ...]``: the verdict gathered from the gate_shard
+    jobs' records (the rule's form), or without them the whole gate run here; exit 1 (and no
+    declared output) when the bundle fails."""
     import time
 
-    ns = stage.parser("gate", "model", "recipe", "export", "aot", "reference", "json", "tsv").parse_args(argv)
+    ns = stage.parser("gate", "model", "recipe", "export", "aot", "reference", "json", "tsv",
+                      optional_lists=("shards",)).parse_args(argv)
     s, _ = stage.setup("gate", ns)
     remove_stale_report(Path(ns.json))
     t0 = time.perf_counter()
     res = gate_bundle(ns.model, ns.recipe, Path(ns.export), Path(ns.aot), Path(ns.reference),
                       gate_settings(s, ns.recipe), Path(ns.json), Path(ns.tsv), workers=workers_granted(),
-                      config_file=ns.config_file)
+                      config_file=ns.config_file, shard_paths=ns.shards)
     seconds = time.perf_counter() - t0
     pre = res["prefill"]
     stage.log.info("gate %s/%s PASS: %d/%d top-1 outside %d near-ties, max|dlogits| %.3g, mean KL %.3g; prefill "

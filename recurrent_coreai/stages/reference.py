@@ -28,22 +28,11 @@ from recurrent_coreai import tokenizers
 from recurrent_coreai.checkpoints.reader import load_checkpoint
 from recurrent_coreai.coreai.entrypoints import split_prompt
 from recurrent_coreai.pipeline import stage
-from recurrent_coreai.pipeline.config import origin, prompt_budgets
+from recurrent_coreai.pipeline.config import origin, prefill_length, prompt_budgets
 from recurrent_coreai.pipeline.records import PROMPT_TOKENS, STREAM_SEAL, read_vocab, stream_digest
 from recurrent_coreai.stages.model_source import family_and_source
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import atomic_path
-
-
-def prefill_length(prefill: dict, config_file: str = "config.yaml") -> int:
-    """Tokens in the gate's prefill stream: ``prefill.gate_tokens``, by default 2*chunk+5."""
-    chunk = prefill["chunk"]
-    n = prefill.get("gate_tokens", 2 * chunk + 5)
-    if n < chunk + 1:
-        raise PipelineError(config_file, f"prefill.gate_tokens {n} is shorter than chunk + 1 ({chunk + 1}): the gate "
-                            "would not run a full chunk and a tail", "raise prefill.gate_tokens or leave it out "
-                            "(default 2*chunk+5)")
-    return n
 
 
 def prefill_stream(ref, tokens: np.ndarray, chunk: int, n: int) -> dict:

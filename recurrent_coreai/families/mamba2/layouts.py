@@ -64,18 +64,18 @@ def normalize(sd: Mapping[str, Any], geom: Geometry, where: str | Path) -> dict[
     fix = _where_fix(geom)
     renamed: dict[str, Any] = {}
     for name, t in sd.items():
-        renamed["backbone.embeddings.weight" if name == embed else name] = t
-    if HEAD not in renamed and geom.tie_embeddings and "backbone.embeddings.weight" in renamed:
-        renamed[HEAD] = renamed["backbone.embeddings.weight"].clone()   # materialised: the normal form holds both
-    elif geom.tie_embeddings and HEAD in renamed and "backbone.embeddings.weight" in renamed:
-        head, emb = renamed[HEAD], renamed["backbone.embeddings.weight"]
+        renamed[NORMAL_EMBED if name == embed else name] = t
+    if HEAD not in renamed and geom.tie_embeddings and NORMAL_EMBED in renamed:
+        renamed[HEAD] = renamed[NORMAL_EMBED].clone()   # materialised: the normal form holds both
+    elif geom.tie_embeddings and HEAD in renamed and NORMAL_EMBED in renamed:
+        head, emb = renamed[HEAD], renamed[NORMAL_EMBED]
         if not head.is_meta and not emb.is_meta and (head.shape != emb.shape or not bool((head == emb).all())):
             raise PipelineError(where, f"tensor {HEAD} differs from the tied embedding {embed} "
                                 "(config.json ties them)", TIED_FIX)
         renamed[HEAD] = emb.clone() if head is emb else head
     for name, shape in expected.items():
         if name not in renamed:
-            stored = embed if name == "backbone.embeddings.weight" else name
+            stored = embed if name == NORMAL_EMBED else name
             raise PipelineError(where, f"tensor {stored} is missing (expected shape {_shape(shape)})", fix)
     extra = [n for n in renamed if n not in expected]
     if extra:
@@ -85,7 +85,7 @@ def normalize(sd: Mapping[str, Any], geom: Geometry, where: str | Path) -> dict[
     for name, shape in expected.items():
         t = renamed[name]
         if tuple(t.shape) != tuple(shape):
-            stored = embed if name == "backbone.embeddings.weight" else name
+            stored = embed if name == NORMAL_EMBED else name
             if name.endswith("mixer.in_proj.weight") and len(t.shape) == 2 and t.shape[1] == shape[1]:
                 g = geom
                 raise PipelineError(where, f"tensor {stored} has {t.shape[0]} output rows, but config.json implies "
@@ -101,7 +101,7 @@ def normalize(sd: Mapping[str, Any], geom: Geometry, where: str | Path) -> dict[
 def normal_parts(layout: str, name: str, tensor: Any) -> list[tuple[str, Any]]:
     """One stored tensor's normal-form name (the embedding's rename). Streaming needs more than
     this (:func:`normal_stream`): whether the head is tied is in config.json, not in a tensor's name."""
-    return [("backbone.embeddings.weight" if name == EMBED[MAMBA_SSM] else name, tensor)]
+    return [(NORMAL_EMBED if name == EMBED[MAMBA_SSM] else name, tensor)]
 
 
 def normal_stream(layout: str, geom: Geometry, names: Iterable[str]) -> Callable[[str, Any], list[tuple[str, Any]]]:
@@ -172,7 +172,7 @@ def write_layout(sd: Mapping[str, Any], out_dir: Path, layout: str, geom: Geomet
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     sd = normalize(sd, geom, "normal form")
-    emb = sd["backbone.embeddings.weight"]
+    emb = sd[NORMAL_EMBED]
     if geom.tie_embeddings and not torch.equal(sd[HEAD], emb):
         raise ValueError("a tied geometry needs lm_head.weight equal to the embedding")
     path = out_dir / WEIGHT_FILES[layout]
@@ -183,7 +183,7 @@ def write_layout(sd: Mapping[str, Any], out_dir: Path, layout: str, geom: Geomet
         safetensors.torch.save_file(tensors, str(path), metadata=dict(NORMAL_METADATA))
         cfg = hf_config(geom)
     else:
-        tensors = {(EMBED[MAMBA_SSM] if n == "backbone.embeddings.weight" else n): t for n, t in sd.items()}
+        tensors = {(EMBED[MAMBA_SSM] if n == NORMAL_EMBED else n): t for n, t in sd.items()}
         if geom.tie_embeddings:
             tensors[HEAD] = tensors[EMBED[MAMBA_SSM]]
         torch.save(tensors, path)

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from recurrent_coreai.families.rwkv6.geometry import Geometry, config_json, normal_shapes
+from recurrent_coreai.families.rwkv6.geometry import Geometry, config_json, geometry_from_tensors, normal_shapes
 from recurrent_coreai.util.errors import PipelineError
 
 HF, BLINKDL = "hf", "blinkdl"
@@ -155,7 +155,6 @@ def write_streamed(tensors: Iterable[tuple[str, Any]], out_dir: Path, geom: Geom
     save_streamed(path, {n: (torch.float32, s) for n, s in shapes.items()},
                   ((n, t.contiguous()) for n, t in tensors), NORMAL_METADATA)
     # config.json as write_layout makes it: from the geometry the tensor shapes give
-    from recurrent_coreai.families.rwkv6.geometry import geometry_from_tensors
 
     written = geometry_from_tensors(shapes, hf_names(), LABELS[HF], out_dir)
     (out_dir / "config.json").write_text(json.dumps(config_json(written), indent=2) + "\n")
@@ -168,7 +167,6 @@ def write_layout(sd: Mapping[str, Any], out_dir: Path, layout: str) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from recurrent_coreai.families.rwkv6.geometry import geometry_from_tensors
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

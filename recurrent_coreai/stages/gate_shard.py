@@ -1,0 +1,44 @@
+"""The gate's shards: ``gate_shard(model, recipe, k)`` jobs, each a separate job a cluster
+executor can place on its own node, gathered by the ``gate`` job (stages/gate.py) into the verdict.
+
+Shard ``k`` of ``n`` runs its pieces of the plan (pipeline/shards.py: the prefill check and runs
+of decode steps, a run that starts mid-prompt fed its prompt's earlier tokens through the
+bundle's own prefill and decode first) in the Core AI runtime and writes a sealed record: what it
+tested (the bundle's and the lowering's file digests, the reference stream's), the settings, its
+pieces and their compared rows. It judges nothing: a failing step is the gather's to count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recurrent_coreai.pipeline import stage
+from recurrent_coreai.pipeline.config import gate_settings
+from recurrent_coreai.stages.gate import SHARD_STAGE, gate_inputs, remove_stale_report, run_shard, workers_granted
+from recurrent_coreai.util.errors import main_guard
+
+
+@main_guard
+def main(argv=None) -> int:
+    """``scripts/gate_shard.py --model M --recipe R --shard K --shards N --export DIR --aot DIR
+    --reference NPZ --out JSON``."""
+    import time
+
+    ns = stage.parser(SHARD_STAGE, "model", "recipe", "shard", "shards", "export", "aot", "reference",
+                      "out").parse_args(argv)
+    s, _ = stage.setup(SHARD_STAGE, ns)
+    settings = gate_settings(s, ns.recipe)
+    out = Path(ns.out)
+    # the gate's verdict is being decided again: its report goes now (out is gate/<recipe>/shard-K.json)
+    remove_stale_report(out.parent.with_suffix(".json"))
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    inputs = gate_inputs(ns.model, ns.recipe, Path(ns.export), Path(ns.aot), Path(ns.reference), settings,
+                         ns.config_file)
+    rec = run_shard(ns.model, ns.recipe, inputs, settings, int(ns.shard), int(ns.shards), out, workers_granted())
+    steps = sum(p["stop"] - p["start"] for p in rec["pieces"] if "stop" in p)
+    stage.log.info("gate shard %s/%s %d/%d: %d step(s)%s, %d piece(s) starting mid-prompt; %.1f s wall, %.1f s CPU "
+                   "(this process), peak RSS %.0f MB", ns.model, ns.recipe, rec["shard"], rec["shards"], steps,
+                   " and the prefill check" if any("prefill" in p for p in rec["pieces"]) else "",
+                   sum(1 for p in rec["pieces"] if "stop" in p and p["start"] > p["first"]),
+                   time.perf_counter() - t0, time.process_time() - cpu0, stage.rss_mb())
+    return 0
