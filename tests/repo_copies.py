@@ -92,6 +92,9 @@ def shared_build(tmp_path_factory, name: str, build: Callable[[Path], dict]) -> 
     the first failure's message."""
     base = tmp_path_factory.getbasetemp()
     common = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    # a developer iterating on a few test files may keep the shared builds of an earlier session
+    # (docs/testing.md): the directory holding its shared-<name>.json and what it names
+    common = Path(os.environ.get("RECURRENT_COREAI_TEST_SHARED") or common)
     where, done = common / f"shared-{name}", common / f"shared-{name}.json"
     with FileLock(str(common / f"shared-{name}.lock")):
         if not done.is_file():

@@ -615,15 +615,27 @@ def test_pass_criteria_come_from_the_gate_results_and_a_models_own_thresholds_sa
     lines = {line.split("`")[1]: line for line in text.splitlines() if line.startswith("- `")}
     assert lines["int8keepproj"].startswith("- `int8keepproj`: top-1 agreement outside near-ties ≥ 0.95 on at least "
                                             "0.75 of the steps (counted ")
-    assert ", prefill max abs Δstate ≤ 0.03 of the state's own max abs value, near-tie epsilon 0.1." in lines["int8keepproj"]
+    assert (", prefill max abs Δstate ≤ 0.03 of the state's own max abs value, near-tie epsilon 0.1; steps compared by "
+            "1 gate shard (separate jobs). " in lines["int8keepproj"])
     assert lines["int8keepproj"].endswith(f"**This model sets its own thresholds for `int8keepproj`**: {why}")
     assert lines["fp32"] == (f"- `fp32`: top-1 agreement outside near-ties ≥ 1.0 on at least 0.8 of the steps {counted}, "
                              "max abs Δlogits ≤ 0.001, prefill max abs Δstate ≤ 1e-05 of the state's own max abs value, "
-                             "prefill max abs Δstate ≤ 0.0001, near-tie epsilon 0.1")
+                             "prefill max abs Δstate ≤ 0.0001, near-tie epsilon 0.1; steps compared by 1 gate shard "
+                             "(separate jobs)")
     assert "own thresholds" not in lines["fp16"]
     shipped = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())["gate"]["thresholds"]["fp16"]
     rel = shipped["prefill_max_rel_dstate"]   # the card states the shipped relative state limit
     assert f", prefill max abs Δstate ≤ {rel} of the state's own max abs value, near-tie" in lines["fp16"]
+
+
+def test_the_card_says_how_many_shards_compared_the_steps_and_how_they_started(work, capsys):
+    """The gate JSON's ``shards`` (stages/gate.py gather): the count, and the shards that started
+    mid-prompt from the state the bundle's own prefill and decode made."""
+    edit_json(model_dir(work) / "gate" / "fp16.json", shards={"count": 6, "steps": [0, 16, 16, 32, 32, 31],
+                                                              "mid_prompt_starts": 1})
+    line = next(x for x in block(render_card(work, capsys=capsys), "recipes").splitlines() if x.startswith("- `fp16`"))
+    assert line.endswith("; steps compared by 6 gate shards (separate jobs), 1 of them starting mid-prompt from the "
+                         "state the bundle's own prefill and decode made of the prompt's earlier tokens")
 
 
 def test_thresholds_without_the_optional_max_abs_dlogits_render(work, capsys):
@@ -634,7 +646,8 @@ def test_thresholds_without_the_optional_max_abs_dlogits_render(work, capsys):
     line = next(x for x in text.splitlines() if x.startswith("- `fp16`"))
     assert line == (f"- `fp16`: top-1 agreement outside near-ties ≥ 1.0 on at least 0.8 of the steps (counted "
                     f"{g['counted']} / {g['steps']}, prefill {g['prefill']['counted']} / {g['prefill']['steps']}), "
-                    "prefill max abs Δstate ≤ 0.01 of the state's own max abs value, near-tie epsilon 0.1")
+                    "prefill max abs Δstate ≤ 0.01 of the state's own max abs value, near-tie epsilon 0.1; steps "
+                    "compared by 1 gate shard (separate jobs)")
 
 
 def test_a_recipe_gated_at_fewer_steps_says_so_with_the_models_reason(work, capsys):

@@ -40,6 +40,10 @@ def _steps(plan):
 @pytest.mark.parametrize("lengths", [[32, 32, 32, 31], [36, 31, 30, 30], [5], [128, 128, 1]])
 @pytest.mark.parametrize("count", [1, 2, 3, 5, 8, 13])
 def test_every_step_is_in_exactly_one_shard_and_the_prefill_check_in_one(lengths, count):
+    if count > sum(lengths) + 1:  # more shards than pieces there can be
+        with pytest.raises(ValueError, match=f"{count} shards are more than the gate's {sum(lengths)} steps"):
+            shards.plan(lengths, 133, 64, count)
+        return
     plan = shards.plan(lengths, 133, 64, count)
     assert len(plan) == count and all(plan)
     assert _steps(plan) == list(range(sum(lengths)))
@@ -180,11 +184,11 @@ def _resealed(path: Path, dest: Path, change) -> Path:
     return dest
 
 
-def _edited(path: Path, dest: Path) -> Path:
+def _edited(path: Path, where: Path) -> Path:
     rec = json.loads(path.read_text())
     rec["results"][-1][0]["engine_top1"] += 1
-    dest.write_text(dumps_json(rec))  # the old seal kept
-    return dest
+    (where / "s.json").write_text(dumps_json(rec))  # the old seal kept
+    return where / "s.json"
 
 
 @pytest.mark.parametrize("damage, needle", [
@@ -220,18 +224,22 @@ def test_shards_in_another_order_or_count_are_refused(tiny, shard_records, tmp_p
 
 def test_with_a_record_key_a_forged_shard_is_refused(tiny, shard_records, tmp_path, monkeypatch):
     """A seal is a digest anyone can recompute; with RECURRENT_COREAI_RECORD_KEY set the shards
-    carry a MAC, and a shard edited and sealed again without the key is refused."""
-    lay, settings, inputs = tiny
+    carry a MAC, and a shard edited and sealed again without the key is refused (the gather's
+    check of the shards, read_shards; the other records of the tree are sealed without a key)."""
+    _, settings, inputs = tiny
     monkeypatch.setenv("RECURRENT_COREAI_RECORD_KEY", "k" * 32)
     keyed = [tmp_path / f"shard-{k}.json" for k in range(3)]
-    for k, path in enumerate(keyed):
-        gate.run_shard(MODEL, RECIPE, inputs, settings, k, 3, path)
-    assert _gather(tiny, keyed, tmp_path)["pass"]
+    for path, made in zip(keyed, shard_records):  # what the stage writes with the key set (run_shard: sealed_text)
+        path.write_text(sealed_text(json.loads(made.read_text()), "gate_shard"))
+    plan, done = gate.read_shards(keyed, MODEL, RECIPE, inputs, settings)
+    assert len(plan) == len(done) == 3
+    with pytest.raises(PipelineError, match="shard-0.json: differs from what the gate_shard stage recorded: its MAC"):
+        gate.read_shards(shard_records, MODEL, RECIPE, inputs, settings)  # sealed without the key
     monkeypatch.delenv("RECURRENT_COREAI_RECORD_KEY")
     forged = _resealed(keyed[2], tmp_path / "forged.json", lambda r: r["results"][-1][0].__setitem__("agree", True))
     monkeypatch.setenv("RECURRENT_COREAI_RECORD_KEY", "k" * 32)
     with pytest.raises(PipelineError, match="forged.json: differs from what the gate_shard stage recorded: its MAC"):
-        _gather(tiny, keyed[:2] + [forged], tmp_path)
+        gate.read_shards(keyed[:2] + [forged], MODEL, RECIPE, inputs, settings)
 
 
 def test_a_shard_beyond_the_count_is_one_line(tiny, tmp_path):

@@ -26,10 +26,13 @@ MODEL, RECIPE = "rwkv7-tiny", "fp16"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_units_cover_every_step_once_and_start_at_a_prompt():
-    stream = {"prompt": np.array([0, 0, 0, 1, 1, 2, 2, 2, 2])}
-    assert gate.units(stream) == [None, (0, 3), (3, 5), (5, 9)]
-    assert gate.units({"prompt": np.array([0])}) == [None, (0, 1)]
+def test_one_shard_covers_every_step_once_and_its_pieces_start_at_a_prompt():
+    stream = {"prompt": np.array([0, 0, 0, 1, 1, 2, 2, 2, 2]), "prefill_tokens": np.zeros(9), "prefill_chunk": 4}
+    assert gate.prompt_lengths(stream) == [3, 2, 4]
+    (pieces,) = gate.shard_plan(stream, 1)
+    assert pieces[0] == {"prefill": True}
+    assert [(p["start"], p["stop"]) for p in pieces[1:]] == [(0, 3), (3, 5), (5, 9)]
+    assert all(p["first"] == p["start"] for p in pieces[1:])
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +95,8 @@ class Killed:
     (Killed, "a gate process died (killed by the system, often for memory) while 2 ran at once -- fix: "),
 ])
 def test_a_worker_failure_is_the_stages_one_line_error(tmp_path, factory, needle):
-    stream = {"prompt": np.array([0, 0, 1, 1]), "tokens": np.array([0, 1, 0, 1])}
+    stream = {"prompt": np.array([0, 0, 1, 1]), "tokens": np.array([0, 1, 0, 1]), "prefill_tokens": np.zeros(5),
+              "prefill_chunk": 4}
     with pytest.raises(PipelineError) as err:
         gate.run_gate(tmp_path / "x.aimodelx", {}, stream, {"near_tie_epsilon": 0.1}, session_factory=factory,
                       workers=2)
@@ -125,7 +129,7 @@ def test_gate_threads_follow_the_configured_shape(cfg):
 
 
 def test_the_gate_log_says_how_many_processes(tiny_results):
-    log = Layout(tiny_results, MODEL).log(f"gate-{RECIPE}")
+    log = Layout(tiny_results, MODEL).log(f"gate-{RECIPE}-shard-0")  # the one shard ran the steps
     assert "step(s) and the prefill check in 1 process(es)" in log.read_text()
 
 

@@ -129,12 +129,13 @@ def test_the_untouched_tree_publishes_and_every_output_verifies(tree, capsys):
     for path in sorted((tree / "results" / MODEL).iterdir()):
         for out_path in ([path] if path.name in ("source", "vocab", "publish") else
                          sorted(p for p in path.glob("*/*") if p.is_dir()) if path.name == "aot" else
-                         sorted(path.iterdir()) if path.name in ("export", "gate", "card", "reference", "report")
+                         sorted(p for p in path.rglob("*") if p.is_file()) if path.name == "gate" else
+                         sorted(path.iterdir()) if path.name in ("export", "card", "reference", "report")
                          else []):
             kinds[out_path.relative_to(tree / "results").as_posix()] = records.verify_output(out_path)
     assert "unrecorded" not in kinds.values(), kinds
     assert {"manifest.json", "export.json", "aot.json", records.VOCAB_RECORD, "publish.json", "stream", "tsv",
-            "card", "json", "report"} <= set(kinds.values()), kinds
+            "card", "json", "report", "gate_shard"} <= set(kinds.values()), kinds
     assert kinds[f"{MODEL}/report/index.html"] == "report"
 
 

@@ -145,6 +145,11 @@ def for_rule(rule: str, config: dict, record: str | None = None) -> dict[str, Ca
 MAX_GATE_THREADS = 4  # the gate's units: the prefill check and one per prompt (4 by default)
 
 
+def _wildcard(wildcards, name: str) -> str:
+    """A wildcard's value from Snakemake's wildcards (attributes) or a plain dict (tools, tests)."""
+    return wildcards[name] if isinstance(wildcards, dict) else getattr(wildcards, name)
+
+
 def shard_threads(config: dict) -> Callable:
     """``threads:`` of a gate shard: the gate's (:func:`gate_threads`) when the gate is one
     shard (its pieces then run in that many processes); 1 when it has several, which the
@@ -152,7 +157,8 @@ def shard_threads(config: dict) -> Callable:
     whole = gate_threads(config)
 
     def value(wildcards):
-        return whole(wildcards) if gate_shards(config, wildcards["model"], wildcards["recipe"]) == 1 else 1
+        one = gate_shards(config, _wildcard(wildcards, "model"), _wildcard(wildcards, "recipe")) == 1
+        return whole(wildcards) if one else 1
 
     return value
 
@@ -164,7 +170,7 @@ def gate_threads(config: dict) -> Callable:
     ``--cores``; the stage runs as many processes as it is granted (gate.workers_granted)."""
 
     def value(wildcards):
-        params = configured_parameters(config["models"][wildcards["model"]])
+        params = configured_parameters(config["models"][_wildcard(wildcards, "model")])
         return MAX_GATE_THREADS if params is None else cpus_for(params)
 
     return value
