@@ -18,7 +18,9 @@
    shards that ran (cost from pipeline/shards.py, warm-up included). N nodes run the shards
    longest first, one shard per node at a time (LPT list scheduling); each shard job pays
    ``--submit-s`` (SLURM's submit-to-start latency; measure it with ``make test-cluster``'s sacct
-   times) and the gather runs after the last one. The table is printed and written to ``--json``.
+   times) and the gather runs after the last one. A shard's cost on a node of its own is its CPU
+   seconds by default (``--basis``): one runtime call computes on one thread, and on a busy
+   machine the wall counts the other work too. The table is printed and written to ``--json``.
 """
 from __future__ import annotations
 
@@ -94,6 +96,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=127, help="gate steps (the model's own steps setting is dropped)")
     ap.add_argument("--run", type=int, nargs="*", help="the shards to run (default: all)")
     ap.add_argument("--submit-s", type=float, default=2.0, help="scheduling overhead per shard job, seconds")
+    ap.add_argument("--basis", choices=("cpu", "wall"), default="cpu",
+                    help="what a shard costs on a node of its own: its CPU seconds (default: the runtime computes a "
+                         "call on one thread, so on a busy machine wall time counts the other work too) or its wall")
     ap.add_argument("--json", type=Path)
     ns = ap.parse_args()
     work = (ns.work / f"{ns.model}-{ns.recipe}").resolve()
@@ -146,12 +151,12 @@ def main() -> None:
         print(f"shard {k}: {measured[k]}", flush=True)
     # fit wall = startup + rate x cost over the shards that ran (least squares; one shard: startup 0)
     xs = np.array([costs[k] for k in measured])
-    ys = np.array([measured[k]["wall_s"] for k in measured])
+    ys = np.array([measured[k][f"{ns.basis}_s"] for k in measured])
     if len(measured) >= 2 and np.ptp(xs) > 0:
         rate, startup = np.polyfit(xs, ys, 1)
     else:
         rate, startup = float(ys.sum() / xs.sum()), 0.0
-    walls = [measured[k]["wall_s"] if k in measured else startup + rate * costs[k] for k in range(count)]
+    walls = [measured[k][f"{ns.basis}_s"] if k in measured else startup + rate * costs[k] for k in range(count)]
     verdict = None
     gather_s = 5.0
     if len(measured) == count:
@@ -169,7 +174,7 @@ def main() -> None:
     result = {"model": ns.model, "recipe": ns.recipe, "steps": ns.steps, "shards": count, "costs_calls": costs,
               "built": built, "measured": measured, "seconds_per_call": round(float(rate), 2),
               "startup_s": round(float(startup), 1), "shard_walls_s": [round(w, 1) for w in walls],
-              "submit_s": ns.submit_s, "gather_s": gather_s, "nodes_wall_s": table, "verdict": verdict,
+              "submit_s": ns.submit_s, "basis": ns.basis, "gather_s": gather_s, "nodes_wall_s": table, "verdict": verdict,
               "cores": os.cpu_count()}
     out = ns.json or ROOT / "bench" / "out" / f"gate-shards-{ns.model}-{ns.recipe}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,8 @@ from recurrent_coreai.pipeline.paths import Layout
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 # what a row's freshness means (the rules of its stages): the stages its export flows through to
 # the published bundle, and everything before them -- not the report page
-ROW_RULES = ("aot", "card", "doctor", "export", "gate", "reference", "source", "stage_and_push", "toolchain", "vocab")
+ROW_RULES = ("aot", "card", "doctor", "export", "gate", "gate_shard", "reference", "source", "stage_and_push", "toolchain",
+             "vocab")
 
 
 def dvc_lock(root: Path) -> str:
@@ -136,7 +137,7 @@ def listing(root: Path) -> dict:
 
 
 def test_a_rows_stages_are_found_in_dvc_yaml(tree):
-    """Exactly the row's: its own export/aot/gate/doctor, the model's shared stages, the toolchain --
+    """Exactly the row's: its own export/aot/gate (and its shard)/doctor, the model's shared stages, the toolchain --
     none of another recipe's or another model's, not the report."""
     from recurrent_coreai.pipeline import dag
 
@@ -145,7 +146,8 @@ def test_a_rows_stages_are_found_in_dvc_yaml(tree):
     got = status.row_stages(graph, str(lay.export("fp32")), str(lay.gate_json("fp32")), str(lay.publish))
     aots = {n for n in listing(tree)["stages"] if n.startswith("aot-rwkv7-tiny-") and n.endswith("-fp32")}
     assert aots and got == aots | {"toolchain", "source-rwkv7-tiny", "vocab-rwkv7-tiny", "reference-rwkv7-tiny",
-                                   "export-rwkv7-tiny-fp32", "gate-rwkv7-tiny-fp32", "doctor-rwkv7-tiny-fp32",
+                                   "export-rwkv7-tiny-fp32", "gate-rwkv7-tiny-fp32", "gate_shard-rwkv7-tiny-fp32-0",
+                                   "doctor-rwkv7-tiny-fp32",
                                    "card-rwkv7-tiny", "stage_and_push-rwkv7-tiny"}
     assert status.row_stages(graph, "results/rwkv7-tiny/export/int8", str(lay.gate_json("int8")), str(lay.publish)) is None
 
