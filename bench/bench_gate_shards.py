@@ -14,8 +14,8 @@
    wall, CPU (user + system) and peak RSS of the child (wait4 rusage).
 3. With every shard run, gathers them with ``scripts/gate.py --shards`` (the verdict: steps,
    top-1, max|dlogits|).
-4. The model: a shard not run gets ``startup + cost x seconds per decode call``, both fitted on the
-   shards that ran (cost from pipeline/shards.py, warm-up included). N nodes run the shards
+4. The model: a shard not run gets its cost (decode calls, warm-up included; pipeline/shards.py)
+   times the seconds per decode call of the measured shards that hold decode steps only. N nodes run the shards
    longest first, one shard per node at a time (LPT list scheduling); each shard job pays
    ``--submit-s`` (SLURM's submit-to-start latency; measure it with ``make test-cluster``'s sacct
    times) and the gather runs after the last one. A shard's cost on a node of its own is its CPU
@@ -149,13 +149,12 @@ def main() -> None:
             (work / "shards" / f"shard-{k}.cost.json").write_text(json.dumps(measured[k]) + "\n")
         measured[k]["cost_calls"] = round(costs[k], 1)
         print(f"shard {k}: {measured[k]}", flush=True)
-    # fit wall = startup + rate x cost over the shards that ran (least squares; one shard: startup 0)
-    xs = np.array([costs[k] for k in measured])
-    ys = np.array([measured[k][f"{ns.basis}_s"] for k in measured])
-    if len(measured) >= 2 and np.ptp(xs) > 0:
-        rate, startup = np.polyfit(xs, ys, 1)
-    else:
-        rate, startup = float(ys.sum() / xs.sum()), 0.0
+    # a shard not run: seconds per decode call from the measured shards of decode steps only (the
+    # prefill check's calls cost another amount: a 64-token prefill call of an int8 bundle is mostly
+    # the same dequantisation as a decode call), times its decode calls; startup is inside that rate
+    decode_only = [k for k in measured if not any(p.get(shards.PREFILL) for p in plan[k])] or list(measured)
+    rate = sum(measured[k][f"{ns.basis}_s"] for k in decode_only) / sum(costs[k] for k in decode_only)
+    startup = 0.0
     walls = [measured[k][f"{ns.basis}_s"] if k in measured else startup + rate * costs[k] for k in range(count)]
     verdict = None
     gather_s = 5.0
