@@ -28,10 +28,7 @@ import argparse
 import heapq
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import yaml
@@ -39,6 +36,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_scale import run as run_stage  # noqa: E402
 from recurrent_coreai.pipeline import resources, shards  # noqa: E402
 from recurrent_coreai.stages import gate  # noqa: E402
 
@@ -46,18 +46,9 @@ NODES = (1, 2, 4, 8, 16)
 
 
 def run(args: list[str], what: str) -> dict:
-    """Wall, CPU and peak RSS of one stage process; exits on a failure."""
-    t0 = time.perf_counter()
-    with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        err.seek(0)
-        last = err.read().decode(errors="replace").strip().splitlines()[-1:]
-    code = os.waitstatus_to_exitcode(status)
-    if code:
-        sys.exit(f"error: {args[0]}: {what} failed ({''.join(last)}) -- fix: run it alone to see the full log")
-    return {"wall_s": round(time.perf_counter() - t0, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
-            "peak_rss_mb": round(usage.ru_maxrss / 1024)}
+    """Wall, CPU and peak RSS of one stage process (bench_scale.run); exits on a failure."""
+    wall, rss_mb, _, cpu, _ = run_stage(args, what)
+    return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "peak_rss_mb": round(rss_mb)}
 
 
 def build(work: Path, conf: Path, model: str, recipe: str) -> dict:
