@@ -277,7 +277,8 @@ def test_apply_rebuilds_exactly_the_toolchain_stages_and_reports(index, tiny_res
     assert f"{PACKAGE} {OLD} -> {NEW} (pre-release)" in dry.stdout
     planned = next(line for line in dry.stdout.splitlines() if line.startswith("  rwkv7-tiny: "))
     assert set(planned.removeprefix("  rwkv7-tiny: ").split("; ")) == {
-        f"export {RECIPE}", f"aot universal/{RECIPE}", f"doctor {RECIPE}", f"gate {RECIPE}", "card", "stage_and_push",
+        f"export {RECIPE}", f"aot universal/{RECIPE}", f"doctor {RECIPE}", f"gate_shard {RECIPE}/0", f"gate {RECIPE}",
+        "card", "stage_and_push",
         "report"}, dry.stdout
     assert "source" not in dry.stdout and not (repo / "reports").exists()
 
@@ -288,7 +289,8 @@ def test_apply_rebuilds_exactly_the_toolchain_stages_and_reports(index, tiny_res
     assert "beta-watch: no regression" in proc.stdout, proc.stdout + proc.stderr
     report = json.loads((repo / f"reports/beta-{PACKAGE}-{NEW}.json").read_text())
     ran = collections.Counter(j["rule"] for j in report["jobs"]["executed"])
-    assert ran == {"toolchain": 1, "export": 1, "aot": 1, "doctor": 1, "gate": 1, "card": 1, "stage_and_push": 1,
+    assert ran == {"toolchain": 1, "export": 1, "aot": 1, "doctor": 1, "gate_shard": 1, "gate": 1, "card": 1,
+                   "stage_and_push": 1,
                    "report": 1, "publish": 1}
     assert sorted(map(str, report["jobs"]["planned"])) == sorted(map(str, report["jobs"]["executed"]))
     assert report["verdict"] == "no regression" and report["regressions"] == [] and report["snakemake_exit"] == 0

@@ -32,7 +32,7 @@ RECORDED_CPU_CAPABILITY = "AVX2"
 GATE_FREE = ("source", "vocab", "export", "aot")
 # the stages whose params or inputs hold the gate's settings, and what follows them: the short gate's
 # outputs of these differ from config.yaml's (the reference stream is as long as the gate)
-GATE_SHAPED = ("reference-", "gate-", "card-", "report-", "stage_and_push-")
+GATE_SHAPED = ("reference-", "gate_shard-", "gate-", "card-", "report-", "stage_and_push-")
 
 
 def _lock(text: str) -> dict:
@@ -71,7 +71,7 @@ def _cpu_independent(committed: dict, fresh: dict) -> tuple[dict, dict]:
         pytest.fail(f"{message} -- fix: re-record dvc.lock on this machine (python bench/bench_dag.py, then copy "
                     "its dvc.lock) and set RECORDED_CPU_CAPABILITY in tests/test_pipeline_dvc.py")
     warnings.warn(message)
-    after_gate = ("gate-", "card-", "report-", "stage_and_push-")
+    after_gate = ("gate_shard-", "gate-", "card-", "report-", "stage_and_push-")
     keep = lambda lock: {k: v for k, v in lock.items() if not k.startswith(after_gate)}  # noqa: E731
     return keep(committed), keep(fresh)
 
