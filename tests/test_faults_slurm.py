@@ -44,10 +44,12 @@ def test_a_cluster_that_does_not_answer_is_one_line(bindir):
                               "that slurmctld runs and this host's slurm.conf names it; nothing was submitted or deleted")
 
 
-def test_no_slurm_commands_and_a_hanging_controller(bindir, tmp_path):
+def test_no_slurm_commands_and_a_hanging_controller(bindir, tmp_path, monkeypatch):
     (bindir / "sinfo").unlink()
-    with pytest.raises(PipelineError, match="sinfo not found: this machine is not a SLURM submit host"):
-        check_cluster.check("main")
+    with monkeypatch.context() as m:  # only the fakes' folder: a real sinfo in /usr/bin (CI has one) stays unseen
+        m.setenv("PATH", str(bindir))
+        with pytest.raises(PipelineError, match="sinfo not found: this machine is not a SLURM submit host"):
+            check_cluster.check("main")
     fake(bindir, "sinfo", "sleep 5")
     with pytest.raises(PipelineError, match=r"did not answer `sinfo -h -o %P -p main` within 0.5 s"):
         check_cluster.check("main", timeout=0.5)
