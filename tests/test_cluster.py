@@ -196,6 +196,9 @@ def slurm(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("RECURRENT_COREAI_TEST_CLUSTER") != "1",
+                    reason="starts a SLURM here and runs the DAG on it: `make test-cluster` runs it "
+                           "(RECURRENT_COREAI_TEST_CLUSTER=1), `make test` does not, SLURM installed or not")
 @pytest.mark.skipif(shutil.which("slurmctld") is None,
                     reason="slurmctld not installed: `make test-cluster` installs SLURM (Debian slurm-wlm, slurmdbd, "
                            "munge, mariadb-server) and runs this test")
