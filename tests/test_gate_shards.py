@@ -204,6 +204,8 @@ def _edited(path: Path, where: Path) -> Path:
      "is a gate shard of other steps than shard 1 of 3"),
     (lambda p, d: _resealed(p, d / "s.json", lambda r: r.__setitem__("results", r["results"][:-1])),
      "holds no result for some of its pieces"),
+    (lambda p, d: _resealed(p, d / "s.json", lambda r: r.pop("lowering_run")),
+     "does not say which lowering it ran"),
 ])
 def test_a_missing_stale_or_edited_shard_fails_the_gather_in_one_line(tiny, shard_records, tmp_path, damage, needle):
     paths = list(shard_records)
@@ -231,8 +233,8 @@ def test_with_a_record_key_a_forged_shard_is_refused(tiny, shard_records, tmp_pa
     keyed = [tmp_path / f"shard-{k}.json" for k in range(3)]
     for path, made in zip(keyed, shard_records):  # what the stage writes with the key set (run_shard: sealed_text)
         path.write_text(sealed_text(json.loads(made.read_text()), "gate_shard"))
-    plan, done = gate.read_shards(keyed, MODEL, RECIPE, inputs, settings)
-    assert len(plan) == len(done) == 3
+    plan, done, runs = gate.read_shards(keyed, MODEL, RECIPE, inputs, settings)
+    assert len(plan) == len(done) == len(runs) == 3 and {r["ran"] for r in runs} == {gate.PIPELINE}  # fp16
     with pytest.raises(PipelineError, match="shard-0.json: differs from what the gate_shard stage recorded: its MAC"):
         gate.read_shards(shard_records, MODEL, RECIPE, inputs, settings)  # sealed without the key
     monkeypatch.delenv("RECURRENT_COREAI_RECORD_KEY")

@@ -45,6 +45,16 @@ def prefill_check_cost(tokens: int, chunk: int) -> float:
     return warmup_cost(tokens, chunk)
 
 
+def steps_of(pieces: Sequence[dict]) -> int:
+    """The decode steps ``pieces`` compare (the prefill check compares none of them)."""
+    return sum(p["stop"] - p["start"] for p in pieces if not p.get(PREFILL))
+
+
+def mid_prompt_starts(pieces: Sequence[dict]) -> int:
+    """How many of ``pieces`` start mid-prompt (after a warm-up on the prompt's earlier tokens)."""
+    return sum(1 for p in pieces if not p.get(PREFILL) and p["start"] > p["first"])
+
+
 def piece_cost(piece: dict, chunk: int, prefill_tokens: int) -> float:
     if piece.get(PREFILL):
         return prefill_check_cost(prefill_tokens, chunk)

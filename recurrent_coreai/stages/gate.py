@@ -29,6 +29,7 @@ from recurrent_coreai.coreai import toolchain
 from recurrent_coreai.pipeline.config import gate_settings, prompt_budgets
 from recurrent_coreai.coreai.runtime import PromptSession
 from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_functions, split_prompt
+from recurrent_coreai.stages.gate_lowering import FOLDED, PIPELINE, gate_lowering
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import atomic_path, dumps_json, sha256_file, tree_manifest
 from recurrent_coreai.util.progress import progress
@@ -314,8 +315,7 @@ def run_pieces(aimodelx: Path, export_record: dict, stream: dict, settings: dict
     that many processes, each with its own runtime session (the Linux runtime computes on the
     calling thread, so this is how one job uses more cores); the results are the same."""
     workers = max(1, min(workers, len(pieces)))
-    steps = sum(p["stop"] - p["start"] for p in pieces if not p.get(shards.PREFILL))
-    stage.log.info("gate %s: %d step(s)%s in %d process(es)", Path(aimodelx).stem, steps,
+    stage.log.info("gate %s: %d step(s)%s in %d process(es)", Path(aimodelx).stem, shards.steps_of(pieces),
                    " and the prefill check" if any(p.get(shards.PREFILL) for p in pieces) else "", workers)
     if workers == 1:
         with session_factory(aimodelx, export_record) as sess:
@@ -356,15 +356,12 @@ def gather(plan: list[list[dict]], done: list[list], export_record: dict, settin
     rows.sort(key=lambda r: r["step"])
     result = verdict(rows, settings["thresholds"])
     reasons = contract_problems(export_record) + result["reasons"] + [f"prefill: {r}" for r in prefill["reasons"]]
-    mid = [p for pieces in plan for p in pieces if not p.get(shards.PREFILL) and p["start"] > p["first"]]
     result.update({"pass": not reasons, "reasons": reasons, "prefill": prefill,
                    "state_writes": {fn: spec.get("state_writes") for fn, spec in export_record["functions"].items()},
                    "near_tie_epsilon": settings["near_tie_epsilon"], "thresholds": settings["thresholds"],
                    "prompts": settings["prompts"],
-                   "shards": {"count": len(plan),
-                              "steps": [sum(p["stop"] - p["start"] for p in pieces if not p.get(shards.PREFILL))
-                                        for pieces in plan],
-                              "mid_prompt_starts": len(mid)}})
+                   "shards": {"count": len(plan), "steps": [shards.steps_of(pieces) for pieces in plan],
+                              "mid_prompt_starts": sum(map(shards.mid_prompt_starts, plan))}})
     for key in ("thresholds_why", "steps_why"):  # the model's own settings (config: models/<model>/gate)
         if key in settings:
             result[key] = settings[key]
@@ -471,7 +468,7 @@ def gate_inputs(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
     check_stream(stream, stream_path, record)
     scale = check_epsilon(settings["near_tie_epsilon"], stream, stream_path, config_file)
     setting = f"models/{model}/gate/steps/{recipe}" if "steps_why" in settings else "gate.steps"
-    return {"record": record, "aimodelx": aot_dir / lowering["product"], "tested": tested,
+    return {"record": record, "aimodel": aimodel, "aimodelx": aot_dir / lowering["product"], "tested": tested,
             "lowered": lowering["files"], "reference_steps": len(stream["tokens"]), "scale": scale,
             "reference_sha256": sha256_file(stream_path),
             "stream": gate_steps(stream, len(settings["prompts"]), settings["steps"], stream_path, config_file, setting)}
@@ -497,9 +494,10 @@ def run_shard(model: str, recipe: str, inputs: dict, settings: dict, shard: int,
         raise PipelineError(out, f"is shard {shard} of {count}: there is no such shard",
                             f"run shards 0..{count - 1} (--shard K --shards {count})")
     pieces = shard_plan(inputs["stream"], count)[shard]
-    results = run_pieces(inputs["aimodelx"], inputs["record"], inputs["stream"], settings, pieces, workers=workers)
+    with gate_lowering(inputs, out) as (lowering, ran):  # gone before the record is written beside it
+        results = run_pieces(lowering, inputs["record"], inputs["stream"], settings, pieces, workers=workers)
     record = {**tested_fields(model, recipe, inputs), "shard": shard, "shards": count, "settings": settings,
-              "pieces": pieces, "results": results, "toolchain": toolchain.versions()}
+              "pieces": pieces, "results": results, "lowering_run": ran, "toolchain": toolchain.versions()}
     with atomic_path(out) as tmp:
         tmp.write_text(sealed_text(record, SHARD_STAGE), encoding="utf-8", newline="\n")
     return record
@@ -508,12 +506,13 @@ def run_shard(model: str, recipe: str, inputs: dict, settings: dict, shard: int,
 def read_shards(paths: list[Path], model: str, recipe: str, inputs: dict, settings: dict) -> tuple[list, list]:
     """The shard records of this gate, in order, each checked: sealed by its stage, made for this
     bundle, lowering, reference and settings, and holding exactly its pieces of the plan for
-    ``len(paths)`` shards. Returns (the plan, each shard's piece results). One line naming the
-    shard otherwise: a missing, stale or edited shard never counts."""
+    ``len(paths)`` shards. Returns (the plan, each shard's piece results, each shard's
+    ``lowering_run``: which lowering it ran, stages/gate_lowering.py). One line naming the shard
+    otherwise: a missing, stale or edited shard never counts."""
     plan = shard_plan(inputs["stream"], len(paths))
     expect = tested_fields(model, recipe, inputs)
     fix = rerun_fix(SHARD_STAGE)
-    done = []
+    done, runs = [], []
     for k, path in enumerate(map(Path, paths)):
         rec = check_seal(path, SHARD_STAGE)
         for key, want in [*expect.items(), ("shard", k), ("shards", len(paths)), ("settings", settings),
@@ -528,8 +527,12 @@ def read_shards(paths: list[Path], model: str, recipe: str, inputs: dict, settin
         results = rec.get("results")
         if not isinstance(results, list) or len(results) != len(plan[k]):
             raise PipelineError(path, "holds no result for some of its pieces", fix)
+        ran = rec.get("lowering_run")
+        if not isinstance(ran, dict) or ran.get("ran") not in (PIPELINE, FOLDED):
+            raise PipelineError(path, "does not say which lowering it ran (made by an older gate_shard?)", fix)
         done.append(results)
-    return plan, done
+        runs.append(ran)
+    return plan, done, runs
 
 
 def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream_path: Path, settings: dict,
@@ -541,10 +544,13 @@ def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
     inputs = gate_inputs(model, recipe, export_dir, aot_dir, stream_path, settings, config_file)
     record = inputs["record"]
     if shard_paths:
-        plan, done = read_shards(shard_paths, model, recipe, inputs, settings)
+        plan, done, runs = read_shards(shard_paths, model, recipe, inputs, settings)
         result, rows = gather(plan, done, record, settings)
     else:
-        result, rows = run_gate(inputs["aimodelx"], record, inputs["stream"], settings, workers=workers)
+        with gate_lowering(inputs, json_path) as (lowering, ran):
+            result, rows = run_gate(lowering, record, inputs["stream"], settings, workers=workers)
+        runs = [ran]
+    result["lowering_runs"] = runs
     result.update(reference_steps=inputs["reference_steps"], reference_logit_scale=inputs["scale"])
     result.update({**tested_fields(model, recipe, inputs), "toolchain": toolchain.versions(),
                    "size_bytes": record["size_bytes"]})

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recurrent_coreai.pipeline import stage
+from recurrent_coreai.pipeline import shards, stage
 from recurrent_coreai.pipeline.config import gate_settings
 from recurrent_coreai.stages.gate import SHARD_STAGE, gate_inputs, remove_stale_report, run_shard, workers_granted
 from recurrent_coreai.util.errors import main_guard
@@ -35,10 +35,10 @@ def main(argv=None) -> int:
     inputs = gate_inputs(ns.model, ns.recipe, Path(ns.export), Path(ns.aot), Path(ns.reference), settings,
                          ns.config_file)
     rec = run_shard(ns.model, ns.recipe, inputs, settings, int(ns.shard), int(ns.shards), out, workers_granted())
-    steps = sum(p["stop"] - p["start"] for p in rec["pieces"] if "stop" in p)
     stage.log.info("gate shard %s/%s %d/%d: %d step(s)%s, %d piece(s) starting mid-prompt; %.1f s wall, %.1f s CPU "
-                   "(this process), peak RSS %.0f MB", ns.model, ns.recipe, rec["shard"], rec["shards"], steps,
-                   " and the prefill check" if any("prefill" in p for p in rec["pieces"]) else "",
-                   sum(1 for p in rec["pieces"] if "stop" in p and p["start"] > p["first"]),
+                   "(this process), peak RSS %.0f MB", ns.model, ns.recipe, rec["shard"], rec["shards"],
+                   shards.steps_of(rec["pieces"]),
+                   " and the prefill check" if any(p.get(shards.PREFILL) for p in rec["pieces"]) else "",
+                   shards.mid_prompt_starts(rec["pieces"]),
                    time.perf_counter() - t0, time.process_time() - cpu0, stage.rss_mb())
     return 0

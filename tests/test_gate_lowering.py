@@ -1,0 +1,116 @@
+"""The gate's lowering of a quantised bundle (stages/gate_lowering.py, coreai/dequant_fold.py):
+its dequantisation evaluated once, trusted only after it agrees bit for bit with the aot stage's
+lowering, and the aot stage's lowering run instead whenever it does not.
+
+* :func:`dequantise` against a per-element loop of ``scale * (q - offset1) + offset2``;
+* on the shared build's rwkv7-tiny int8keepproj bundle: the folded lowering is used, every gated
+  row equals the aot stage's lowering's (the runtime's own dequantisation is the independent
+  side), the scratch lowering is gone afterwards, and the build's gate JSON and card say so;
+* a folded lowering that differs in one bit, or a fold that fails, is not used, and the record
+  says why; an fp16 bundle is never folded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from recurrent_coreai.coreai.dequant_fold import dequantise
+from recurrent_coreai.coreai.runtime import PromptSession
+from recurrent_coreai.pipeline import config
+from recurrent_coreai.pipeline.paths import Layout
+from recurrent_coreai.stages import gate, gate_lowering
+
+MODEL = "rwkv7-tiny"
+
+
+def test_dequantise_is_the_blockwise_formula_rounded_once():
+    rng = np.random.default_rng(0)
+    q = rng.integers(-128, 128, (6, 8), dtype=np.int8)
+    scale = rng.uniform(1e-3, 2e-2, (6, 2)).astype(np.float16)  # blocks of 4 along axis 1
+    off1 = rng.integers(-3, 3, (6, 2)).astype(np.int8)
+    off2 = rng.uniform(-1e-2, 1e-2, (6, 2)).astype(np.float16)
+    want = np.empty(q.shape, np.float16)
+    for i in range(6):
+        for j in range(8):
+            b = j // 4
+            want[i, j] = np.float16(np.float32(scale[i, b]) * (np.float32(q[i, j]) - np.float32(off1[i, b]))
+                                    + np.float32(off2[i, b]))
+    got = dequantise(q, scale, off1, off2)
+    assert got.dtype == np.float16 and got.tobytes() == want.tobytes()
+    with pytest.raises(ValueError, match="does not tile"):
+        dequantise(q, scale[:, :1].repeat(3, axis=1), off1, off2)
+
+
+def _inputs(tiny_results, recipe):
+    lay = Layout(tiny_results, MODEL)
+    cfg = config.load(tiny_results.parent / "config.yaml")  # the build's own (its short gate)
+    settings = config.gate_settings(config.settings(cfg, "gate", model=MODEL, recipe=recipe), recipe)
+    inputs = gate.gate_inputs(MODEL, recipe, lay.export(recipe), lay.aot("universal", recipe), lay.reference, settings)
+    return lay, settings, inputs
+
+
+def test_a_quantised_gate_runs_the_folded_lowering_and_gets_the_aot_lowerings_rows(tiny_results, tmp_path):
+    lay, settings, inputs = _inputs(tiny_results, "int8keepproj")
+    shipped, shipped_rows = gate.run_gate(inputs["aimodelx"], inputs["record"], inputs["stream"], settings)
+    out = tmp_path / "int8keepproj.json"
+    with gate_lowering.gate_lowering(inputs, out) as (lowering, ran):
+        assert lowering != inputs["aimodelx"] and lowering.parent.parent == tmp_path
+        assert lowering.parent.name.startswith(".int8keepproj.json.") and lowering.parent.name.endswith(".tmp")
+        folded, folded_rows = gate.run_gate(lowering, inputs["record"], inputs["stream"], settings)
+    assert not lowering.exists() and list(tmp_path.iterdir()) == []
+    assert ran["ran"] == gate_lowering.FOLDED and ran["bit_identical"] is True
+    assert ran["checked_calls"] == 1 + gate_lowering.FOLD_CHECK_DECODE
+    assert ran["folded_ops"] == 2 * ran["distinct_weights"] > 0  # main and prefill share each weight's array
+    assert gate.tsv_text(folded_rows) == gate.tsv_text(shipped_rows)
+    assert folded == shipped
+    # the build ran it too: its gate record and card say so
+    built = json.loads(lay.gate_json("int8keepproj").read_text())
+    assert [r["ran"] for r in built["lowering_runs"]] == [gate_lowering.FOLDED]
+    assert built["lowering_runs"][0]["odix_sha256"] == ran["odix_sha256"]  # the fold is byte-reproducible
+    assert gate.tsv_text(folded_rows) == lay.gate_tsv("int8keepproj").read_text()
+    card = lay.card.read_text()
+    assert "int8 dequantisation evaluated once instead of on every call, bit-identical to the aot stage's lowering on 3 calls" in card
+
+
+class _OneBitOff(PromptSession):
+    """The folded lowering's logits one ulp away in every decode call."""
+
+    def step(self, token):
+        logits = super().step(token)
+        if ".tmp" in str(self.aimodelx):
+            logits = logits.copy()
+            logits[7] = np.nextafter(logits[7], np.inf)
+        return logits
+
+
+def test_a_folded_lowering_off_by_one_bit_is_not_run(tiny_results, tmp_path):
+    _, _, inputs = _inputs(tiny_results, "int8keepproj")
+    with gate_lowering.gate_lowering(inputs, tmp_path / "g.json", session_factory=_OneBitOff) as (lowering, ran):
+        assert lowering == inputs["aimodelx"]
+    assert ran == {"ran": gate_lowering.PIPELINE, "fold_refused": ran["fold_refused"]}
+    assert ran["fold_refused"].startswith("call 2 of 3: logits differ (max |Δ| ")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fold_that_fails_runs_the_aot_lowering_and_says_why(tiny_results, tmp_path, monkeypatch):
+    _, _, inputs = _inputs(tiny_results, "int8keepproj")
+
+    def broken(aimodel, out_dir):
+        raise ValueError("a coreai.blockwise_shift_scale operand is coreai.add, not a constant")
+    monkeypatch.setattr(gate_lowering, "fold_dequantisation", broken)
+    with gate_lowering.gate_lowering(inputs, tmp_path / "g.json") as (lowering, ran):
+        assert lowering == inputs["aimodelx"]
+    assert ran["fold_refused"] == ("the fold failed (ValueError: a coreai.blockwise_shift_scale operand is "
+                                   "coreai.add, not a constant)")
+
+
+def test_an_unquantised_bundle_is_never_folded(tiny_results, tmp_path, monkeypatch):
+    _, _, inputs = _inputs(tiny_results, "fp16")
+    monkeypatch.setattr(gate_lowering, "fold_dequantisation", lambda *a: pytest.fail("folded an fp16 bundle"))
+    with gate_lowering.gate_lowering(inputs, tmp_path / "g.json") as (lowering, ran):
+        assert lowering == inputs["aimodelx"] and ran == {"ran": gate_lowering.PIPELINE}
+    assert list(tmp_path.iterdir()) == []
