@@ -16,9 +16,10 @@ process at a time. Then, each in a process of its own:
   function loaded again with a ``coreai.runtime.Profiler``; one untimed call, then ``--calls``
   calls of ``sess.step``; per call the wall and the process CPU seconds, and the runtime's own
   per-op intervals (``call.coreai.<op>``) of the last call, summed by op.
-* ``specialise`` (quantised recipes): :func:`specialise_lowering` reads the shipped ``.aimodel``'s
-  ``main.mlirb``, replaces every ``coreai.blockwise_shift_scale`` of constants by the constant it
-  computes, and lowers that (the universal lowering, specialised once). Then ``compare`` feeds the
+* ``specialise`` (quantised recipes): :func:`specialise_lowering` (the gate's
+  ``coreai/dequant_fold.py``) reads the shipped ``.aimodel``'s ``main.mlirb``, replaces every
+  ``coreai.blockwise_shift_scale`` of constants by the constant it computes, and lowers that (the
+  universal lowering, specialised once). Then ``compare`` feeds the
   same prompt (one prefill chunk + 3 decode tokens) and ``--steps`` decode tokens through the
   pipeline's lowering and the specialised one and checks logits and states bit for bit, and
   ``profile`` profiles the specialised lowering.
@@ -64,98 +65,14 @@ SHAPES = {  # the published RWKV-7 geometries (fla configs of RWKV7-Goose-World3
     "0.4b": dict(layers=24, hidden=1024, head_dim=64, ffn=4096, vocab=65536, decay_lora=64, a_lora=64, v_lora=32,
                  gate_lora=128),
 }
-NP_TYPES = {"f16": np.float16, "f32": np.float32, "si8": np.int8, "ui8": np.uint8}
-
-
-def dequantise(q: np.ndarray, scale: np.ndarray, off1: np.ndarray, off2: np.ndarray) -> np.ndarray:
-    """``coreai.blockwise_shift_scale``: ``scale * (q - off1) + off2`` per block, in fp32, rounded
-    once to the result's fp16. With the zero offsets coreai-opt writes it is an exact product
-    (8 x 11 significant bits) rounded once: the value any correct kernel gives."""
-    blocks = [a // b for a, b in zip(q.shape, scale.shape)]
-    split = [d for s, n in zip(scale.shape, blocks) for d in (s, n)]  # each axis as (blocks, block)
-    per_block = [d for s in scale.shape for d in (s, 1)]
-
-    def widen(x):
-        return x.astype(np.float32).reshape(per_block)
-    out = widen(scale) * (q.astype(np.float32).reshape(split) - widen(off1)) + widen(off2)
-    return out.astype(np.float16).reshape(q.shape)
-
-
 def specialise_lowering(aimodel: Path, out_dir: Path) -> dict:
-    """Lower ``aimodel`` (the shipped bundle) into ``out_dir`` (an ``*.aimodelx``) with every
-    ``coreai.blockwise_shift_scale`` of constant operands replaced by the fp16 constant it
-    computes (:func:`dequantise`; one array for the decode and prefill functions' copies of the
-    same weight). Everything else is the pipeline's lowering (``compile_to_binary`` + canonical
-    register order + function table, as ``runtime.lower_universal`` under ``lowering_scope``).
-    The caller checks the logits bit for bit against the pipeline's lowering."""
-    from coreai.authoring.asset import Context  # first: coreai.authoring's imports are order-sensitive
-    from coreai._compiler._mlir_libs._coreaiIR._bindings.compiler import (compile_to_binary,
-                                                                          copy_constant_value_to_array,
-                                                                          load_module_from_bytecode)
-    from coreai._compiler._mlir_libs._coreaiIR._bindings.compiler import serialize_module as serialize_odix
-    from coreai._compiler.dialects import coreai as cai
-    from coreai._compiler.ir import DenseResourceElementsAttr, InsertionPoint, WalkResult
+    """The gate's folded lowering (``recurrent_coreai.coreai.dequant_fold``, used by every quantised
+    gate since 2026-12-02: stages/gate_lowering.py), with the ``.odix`` size."""
+    from recurrent_coreai.coreai.dequant_fold import fold_dequantisation
 
-    from recurrent_coreai.coreai.reproducible.odix import (canonicalize_function_table, canonicalize_register_resets,
-                                                           function_names)
-
-    t0 = time.perf_counter()
-    src = aimodel / "main.mlirb"
-    ctx = Context()._mlir_context  # noqa: SLF001 - as AIModelAsset._write_odix does
-    module = load_module_from_bytecode(context=ctx, path=src)
-    ops = []
-
-    def collect(op):
-        if op.name == "coreai.blockwise_shift_scale":
-            ops.append(op)
-        return WalkResult.ADVANCE
-    module.operation.walk(collect)
-
-    def constant(value) -> np.ndarray:
-        """A constant operand's value, read as coreai-opt reads one (``_get_constant_value_as_np_array``)."""
-        owner = value.owner
-        if owner.name != "coreai.constant":
-            raise ValueError(f"a blockwise_shift_scale operand is {owner.name}, not a constant")
-        dtype, shape = NP_TYPES[str(value.type.element_type)], tuple(value.type.shape)
-        buf = np.zeros(int(np.prod(shape)) * np.dtype(dtype).itemsize, np.uint8)
-        copy_constant_value_to_array(constant_op=owner, destination=buf)
-        return buf.view(dtype).reshape(shape)
-
-    dead, values, nonzero_offsets, weights = [], {}, 0, 0
-    with ctx:
-        for i, op in enumerate(ops):
-            key = tuple(str(v.owner.attributes["value"]) for v in op.operands)  # resource names: the same weight
-            if key not in values:
-                q, scale, off1, off2 = (constant(v) for v in op.operands)
-                nonzero_offsets += int(bool(off1.any() or off2.any()))
-                values[key] = DenseResourceElementsAttr.get_from_buffer(
-                    dequantise(q, scale, off1, off2), f"dequantised_{len(values)}", op.results[0].type)
-                weights += q.size
-                del q, scale, off1, off2
-            attr = values[key]
-            with InsertionPoint(op), op.location:
-                folded = cai.ConstantOp(value=attr)
-            for v in op.operands:
-                if not any(v.owner == d for d in dead):
-                    dead.append(v.owner)
-            op.results[0].replace_all_uses_with(folded.result)
-            op.erase()
-        erased = 0
-        for c in dead:
-            if not list(c.results[0].uses):
-                c.erase()
-                erased += 1
-    rewrite_s = time.perf_counter() - t0
     out_dir.mkdir(parents=True, exist_ok=True)
-    compile_to_binary(module=module, output_directory=out_dir, enable_debug_info=False)
-    canonicalize_register_resets(module)
-    serialize_odix(module=module, path=out_dir / "main-universal.odix")
-    canonicalize_function_table(out_dir / "main-universal.odix", sorted(function_names(module)))
-    return {"folded_ops": len(ops), "distinct_weights": len(values),
-            "folded_weights": weights,
-            "ops_with_nonzero_offsets": nonzero_offsets,
-            "constants_erased": erased, "rewrite_s": round(rewrite_s, 1),
-            "odix_bytes": (out_dir / "main-universal.odix").stat().st_size}
+    rec = fold_dequantisation(aimodel, out_dir)
+    return {**rec, "odix_bytes": (out_dir / "main-universal.odix").stat().st_size}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -114,3 +114,13 @@ def test_an_unquantised_bundle_is_never_folded(tiny_results, tmp_path, monkeypat
     with gate_lowering.gate_lowering(inputs, tmp_path / "g.json") as (lowering, ran):
         assert lowering == inputs["aimodelx"] and ran == {"ran": gate_lowering.PIPELINE}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_quantised_gate_shard_asks_for_the_folds_measured_peak():
+    """At 1.5B int8keepproj a gate shard peaked at 8847 MB (folding, then both lowerings loaded for
+    the check; docs/measurements/2026-12-02-gate-shards.md): a SLURM job must ask at least that."""
+    from recurrent_coreai.pipeline import resources
+
+    params = 1_527_000_000  # rwkv7-1.5b-shape
+    assert resources.estimate("gate_shard", params, dtype="quantized")["mem_mb"] >= 8847
+    assert resources.estimate("gate_shard", params, dtype="float16")["mem_mb"] < 8847  # fp16 folds nothing

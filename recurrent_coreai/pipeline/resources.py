@@ -46,6 +46,10 @@ MEMORY = {
     "aot": (500, 2.0, "bundle"),
     "gate_shard": (500, 1.5, "bundle"),
 }
+# a quantised bundle's gate shard folds its dequantisation first (stages/gate_lowering.py): the
+# program with every weight at fp16, then both lowerings loaded for the bit-for-bit check. Measured
+# at 1.5B int8keepproj: peak RSS 8847 MB, 2.9x the fp16 weight bytes (3.06 GB)
+FOLDED_GATE_PER_BYTE = 3.0
 # rule -> seconds per billion parameters (per gate step for `gate`, per reference step for
 # `reference`), by the dtype the stage computes in; measured on rwkv7-tiny (17.2 M parameters)
 SECONDS_PER_GPARAM = {
@@ -100,6 +104,8 @@ def estimate(rule: str, params: int | None = None, dtype: str = "float32", steps
         mem, minutes = FLAT[rule]
         return {"mem_mb": int(mem * grow), "runtime": minutes, "cpus_per_task": 1}
     base, per_byte, weights = MEMORY[rule]
+    if rule == "gate_shard" and dtype == "quantized":
+        per_byte = FOLDED_GATE_PER_BYTE
     weight_bytes = params * (4 if weights == "fp32" else DTYPE_BYTES[DTYPE_OF.get(dtype, dtype)])
     mem = (base + per_byte * weight_bytes / 1e6) * HEADROOM * grow
     rates = SECONDS_PER_GPARAM[rule]
