@@ -616,7 +616,10 @@ def test_pass_criteria_come_from_the_gate_results_and_a_models_own_thresholds_sa
     assert lines["int8keepproj"].startswith("- `int8keepproj`: top-1 agreement outside near-ties ≥ 0.95 on at least "
                                             "0.75 of the steps (counted ")
     assert (", prefill max abs Δstate ≤ 0.03 of the state's own max abs value, near-tie epsilon 0.1; steps compared by "
-            "1 gate shard (separate jobs). " in lines["int8keepproj"])
+            "1 gate shard (separate jobs); run on a lowering of the shipped bundle with its int8 dequantisation "
+            "evaluated once instead of on every call, bit-identical to the aot stage's lowering on 3 calls (logits and "
+            "states). " in lines["int8keepproj"])
+    assert "dequantisation" not in lines["fp32"]  # an unquantised bundle runs the aot stage's lowering
     assert lines["int8keepproj"].endswith(f"**This model sets its own thresholds for `int8keepproj`**: {why}")
     assert lines["fp32"] == (f"- `fp32`: top-1 agreement outside near-ties ≥ 1.0 on at least 0.8 of the steps {counted}, "
                              "max abs Δlogits ≤ 0.001, prefill max abs Δstate ≤ 1e-05 of the state's own max abs value, "

@@ -135,7 +135,10 @@ def test_download_403_on_a_file_through_the_source_stage(hub, sha, tmp_path, tok
     assert line == (f"error: hf://{REPO}@{sha}: authentication failed (HTTP 403: injected 403 {ECHO}) "
                     f"-- fix: {READ_FIX}")
     assert file_gets(hub, REPO, WEIGHTS) == []
-    assert left_in_cache(tmp_path, REPO, FILES) == {"snapshot": ["config.json", VOCAB], "partial": []}
+    # which of the other files huggingface_hub's parallel download finished before the 403 ended it is
+    # timing (CI, 2026-12-02: the vocab not yet); what is there must be whole (left_in_cache), the weights never
+    left = left_in_cache(tmp_path, REPO, FILES)
+    assert set(left["snapshot"]) <= {"config.json", VOCAB} and left["partial"] == [], left
     assert not out.exists() and sorted(p.name for p in out.parent.iterdir()) == []  # no temp sibling either
     assert line in log.read_text()
 
