@@ -145,7 +145,8 @@ class OpenedFiles:
 @pytest.fixture(scope="session")
 def smk_repo(tmp_path_factory):
     """A fresh copy built by `snakemake --cores 1 publish` -- the whole default DAG, every family,
-    with the tests' short gate -- the session's one build of it: (repo, what repo_copies.built
+    with config.yaml as committed (the full gate, the user's environment: what `make publish` builds)
+    -- the session's one build of it: (repo, what repo_copies.built
     recorded right after the build). Nothing changes it but the tests that edit a file and put it
     back. The same build gives ``tiny_results`` (its results tree, copied right after the build),
     ``opened_files`` (what its stage processes opened), and the trees derived from that copy:
@@ -159,7 +160,7 @@ def _build_smk(repo: Path) -> dict:
     from repo_copies import built, opened_records, snapshot_results
 
     opened = repo.parent / f"{repo.name}-opened"
-    record = built(repo, "snakemake --cores 1 publish", "11", record_opened=opened)
+    record = built(repo, "snakemake --cores 1 publish", "11", record_opened=opened, short=False)
     # before any test changes the copy: what tiny_results, opened_files and the derived trees start from
     results = snapshot_results(repo, repo.parent / f"{repo.name}-results")
     record["tiny"] = {"results": str(results), "tree": str(repo.resolve()),
@@ -176,7 +177,7 @@ def _snapshot(smk_repo) -> Path:
 def dvc_repo(tmp_path_factory, smk_repo):
     """A fresh copy with config.yaml as committed -- the full gate, what a user builds -- holding
     the snakemake build's outputs but repo_copies.DVC_REBUILDS's, after `dvc repro` (repo_copies.dvc_rebuilt_tree):
-    it builds that model from nothing and reruns every stage the short gate shaped, so its dvc.lock
+    it builds that model from nothing and finds every other output to be the committed one, so its dvc.lock
     must be the committed one (tests/test_pipeline_dvc.py)."""
     from repo_copies import DVC_REBUILDS, dvc_rebuilt_tree, shared_build
 
@@ -186,7 +187,7 @@ def dvc_repo(tmp_path_factory, smk_repo):
 
 @pytest.fixture(scope="session")
 def one_model_repo(tmp_path_factory, smk_repo):
-    """The default model's DAG alone (config.yaml: ``build: [rwkv7-tiny]``, the short gate), its
+    """The default model's DAG alone (config.yaml: ``build: [rwkv7-tiny]``, the full gate), its
     outputs the snakemake build's, recorded in DVC (repo_copies.one_model_tree): the tree the tests
     that rebuild, push, pull or damage a built tree change (tests/test_pipeline_integration.py).
     Snakemake and DVC plan, check and record its 19 stages there rather than the whole DAG's 73."""
@@ -206,8 +207,8 @@ def opened_files(smk_repo) -> OpenedFiles:
 @pytest.fixture(scope="session")
 def tiny_results(smk_repo) -> Path:
     """A complete results tree for rwkv7-tiny (fp32, fp16, int8keepproj on `universal`, card,
-    report, publish), built by `snakemake --cores 1 publish` with the tests' short gate
-    (repo_copies.SHORT_GATE) -- the ``smk_repo`` build, copied (file times kept) right after it,
+    report, publish), built by `snakemake --cores 1 publish` with config.yaml's gate
+    -- the ``smk_repo`` build, copied (file times kept) right after it,
     so the tests that change that copy never change this. Everything is real: the bundles are
     exported, lowered and gated. Beside it, ``config.yaml`` is the build's config with
     ``results`` pointing at this tree. Treat it as read-only: copy what a test changes."""

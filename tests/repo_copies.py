@@ -1,7 +1,8 @@
 """Repository copies and built trees shared by the tests (and, under pytest-xdist, by workers).
 
 * :func:`fresh_copy`: what a fresh clone holds, committed in a new git repo, with the tests'
-  short gate (:data:`SHORT_GATE`) -- the one gate setting every built tree here uses;
+  short gate (:data:`SHORT_GATE`) or (``short=False``) config.yaml as committed -- the gate of the
+  shared build and of every tree derived from it;
 * :func:`run`: a shell command in such a copy, running that copy's package;
 * :func:`shared_build`: build a tree once per test session, whichever worker needs it first;
   the others wait for it and reuse it (a file lock in the session's common temp directory);
@@ -13,7 +14,7 @@
   (the default model's outputs in a copy whose config builds that model only, recorded in DVC by
   ``scripts/dvc_record.py``: what the tests that change a built tree work on) and
   :func:`dvc_rebuilt_tree` (config.yaml as committed; one model's outputs removed; ``dvc repro``
-  builds that model from nothing and every stage the tests' short gate shaped).
+  builds that model from nothing and nothing else).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ import yaml
 from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parents[1]
-# The gate of every tree built by the tests: 2 prompts, 40 steps (config.yaml ships 127).
+# A shorter gate for the trees a test builds on its own (the SLURM run's, a few fault tests): 2
+# prompts, 40 steps (config.yaml ships 127). The shared build and its derived trees use config.yaml's.
 SHORT_GATE = {"prompts": ["Hello, who are you?", "What is 17 times 23?"], "steps": 40}
 GIT_DATES = {"GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
 
@@ -211,14 +213,14 @@ def _copy_outputs(snapshot: Path, repo: Path, models: list[str] | None = None) -
 
 
 def one_model_tree(snapshot: Path, repo: Path, model: str = MODEL) -> dict:
-    """What a fresh clone whose config.yaml builds ``model`` only (``build: [model]``, the tests'
-    short gate) holds after `snakemake --cores 1 publish` -- without building it again: its DAG's
+    """What a fresh clone whose config.yaml builds ``model`` only (``build: [model]``, the
+    committed gate) holds after `snakemake --cores 1 publish` -- without building it again: its DAG's
     outputs are the snakemake build's (the same jobs with the same params; bytes and file times
     kept), and so is Snakemake's record of them (.snakemake/metadata: the params and code its
     rerun triggers compare); dvc.yaml is generated for that DAG (scripts/gen_dvc.py) and
     committed, and DVC records the outputs as `make publish` does (scripts/dvc_record.py, which
     checks every output against its stage's record first). Returns what the tests compare."""
-    fresh_copy(repo, edit=lambda cfg: cfg.update(build=[model]))
+    fresh_copy(repo, edit=lambda cfg: cfg.update(build=[model]), short=False)
     run("python scripts/gen_dvc.py && git rm -q --cached dvc.lock && rm dvc.lock && git add dvc.yaml "
         "&& git -c user.name=t -c user.email=t@t commit -qm 'one model'", repo, **GIT_DATES)
     _copy_outputs(snapshot, repo, [model])
@@ -262,9 +264,9 @@ def _copy_cache_but(cache: Path, dest: Path, model: str, lock: Path) -> None:
 def dvc_rebuilt_tree(snapshot: Path, repo: Path, rebuild: str) -> dict:
     """A fresh copy with config.yaml as committed (the full gate, what a user builds) holding the
     snakemake build's outputs but those of ``rebuild``, then `dvc repro` (the user's environment:
-    no SOURCE_DATE_EPOCH; another PYTHONHASHSEED): it must build ``rebuild`` from nothing and rerun
-    every stage the tests' short gate shaped -- and, finding every other output to be what the
-    committed dvc.lock records, nothing else. What the tests compare, recorded right after."""
+    no SOURCE_DATE_EPOCH; another PYTHONHASHSEED): it must build ``rebuild`` from nothing -- and,
+    finding every other output (the snakemake build's, the same config and environment) to be what
+    the committed dvc.lock records, nothing else. What the tests compare, recorded right after."""
     fresh_copy(repo, short=False)
     _copy_outputs(snapshot, repo)
     _copy_cache_but(snapshot / "dvc-cache", repo / ".dvc" / "cache", rebuild, repo / "dvc.lock")

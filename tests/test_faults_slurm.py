@@ -79,7 +79,7 @@ def test_snakemake_with_the_slurm_profile_stops_before_submitting_or_deleting(tm
 
     from repo_copies import fresh_copy
 
-    repo = fresh_copy(tmp_path / "repo")
+    repo = fresh_copy(tmp_path / "repo", short=False)  # the gate of tiny_results
     shutil.copytree(tiny_results, repo / "results")
     bins = tmp_path / "bin"
     bins.mkdir()

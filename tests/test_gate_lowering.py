@@ -47,7 +47,7 @@ def test_dequantise_is_the_blockwise_formula_rounded_once():
 
 def _inputs(tiny_results, recipe):
     lay = Layout(tiny_results, MODEL)
-    cfg = config.load(tiny_results.parent / "config.yaml")  # the build's own (its short gate)
+    cfg = config.load(tiny_results.parent / "config.yaml")  # the build's own
     settings = config.gate_settings(config.settings(cfg, "gate", model=MODEL, recipe=recipe), recipe)
     inputs = gate.gate_inputs(MODEL, recipe, lay.export(recipe), lay.aot("universal", recipe), lay.reference, settings)
     return lay, settings, inputs

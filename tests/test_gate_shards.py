@@ -125,7 +125,7 @@ def test_a_shard_that_starts_mid_prompt_feeds_the_earlier_tokens_through_prefill
 @pytest.fixture(scope="module")
 def tiny(tiny_results):
     lay = Layout(tiny_results, MODEL)
-    cfg = config.load(tiny_results.parent / "config.yaml")  # the build's own (its short gate)
+    cfg = config.load(tiny_results.parent / "config.yaml")  # the build's own
     settings = config.gate_settings(config.settings(cfg, "gate", model=MODEL, recipe=RECIPE), RECIPE)
     inputs = gate.gate_inputs(MODEL, RECIPE, lay.export(RECIPE), lay.aot("universal", RECIPE), lay.reference, settings)
     return lay, settings, inputs

@@ -42,7 +42,7 @@ def bundle(tiny_results):
     aimodelx = lay.aot("universal", RECIPE) / read_aot(lay.aot("universal", RECIPE))["product"]
     with np.load(lay.reference) as npz:
         stream = {k: npz[k] for k in npz.files}
-    cfg = config.load(tiny_results.parent / "config.yaml")  # the build's own (its short gate)
+    cfg = config.load(tiny_results.parent / "config.yaml")  # the build's own
     settings = config.gate_settings(config.settings(cfg, "gate", model=MODEL, recipe=RECIPE), RECIPE)
     return aimodelx, record, stream, settings
 
