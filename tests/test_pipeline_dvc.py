@@ -162,7 +162,8 @@ def test_the_committed_dvc_lock_is_what_a_fresh_build_records(dvc_repo, repo_roo
     differences = _differences(committed, fresh)
     assert differences == [], (f"the committed dvc.lock is not what a fresh build records ({len(differences)}: "
                                f"{differences[:6]}) -- fix: commit the code, run `make publish`, commit dvc.lock")
-    assert built["git_status"] == "", f"the build left the copy's git tree changed:\n{built['git_status']}"
+    if _recorded_cpu():  # elsewhere the gate's records differ (said above): dvc.lock is then changed
+        assert built["git_status"] == "", f"the build left the copy's git tree changed:\n{built['git_status']}"
 
 
 def test_the_snakemake_builds_own_record_is_the_committed_one(smk_repo, repo_root):
