@@ -2,7 +2,7 @@
 """The gate of a model too large to gate here (the 7B-class entries), modelled from a measured one.
 
     python bench/model_gate_scale.py --measured bench/out/gate-shards-rwkv6-1.6b-shape-fp16.json \
-        --model rwkv6-7b-shape [--recipe fp16] [--submit-s 2.0] [--json PATH]
+        --model rwkv6-7b-shape [--recipe fp16] [--submit-s 2.0] [--shard-seconds S] [--json PATH]
 
 ``--measured`` is what ``bench/bench_gate_shards.py`` wrote for a smaller model of the same family
 and recipe (every shard run). The model:
@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--recipe", help="default: the measured recipe")
     ap.add_argument("--config-file", type=Path, default=ROOT / "config.yaml")
     ap.add_argument("--submit-s", type=float, default=2.0)
+    ap.add_argument("--shard-seconds", type=float, help="config.yaml's gate.shard_seconds for the plan (default: as configured)")
     ap.add_argument("--json", type=Path)
     ns = ap.parse_args()
     measured = json.loads(ns.measured.read_text())
@@ -49,6 +50,8 @@ def main() -> None:
                  "fix: run every shard with bench/bench_gate_shards.py first")
     recipe = ns.recipe or measured["recipe"]
     cfg = yaml.safe_load(ns.config_file.read_text())
+    if ns.shard_seconds:
+        cfg["gate"]["shard_seconds"] = ns.shard_seconds
     big, small = (resources.configured_parameters(cfg["models"][m]) for m in (ns.model, measured["model"]))
     ratio = big / small
     count = resources.gate_shards(cfg, ns.model, recipe)
@@ -65,7 +68,7 @@ def main() -> None:
     out = ns.json or ROOT / "bench" / "out" / f"gate-model-{ns.model}-{recipe}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": ns.model, "recipe": recipe, "parameters": big, "from": measured["model"],
-                               "ratio": ratio, "shards": count, "costs_calls": costs,
+                               "ratio": ratio, "shards": count, "shard_seconds_target": cfg["gate"].get("shard_seconds"), "costs_calls": costs,
                                "seconds_per_call": measured["seconds_per_call"] * ratio,
                                "shard_seconds": [round(w, 1) for w in walls], "submit_s": ns.submit_s,
                                "nodes_wall_s": table}, indent=2) + "\n")
