@@ -32,6 +32,7 @@ from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_function
 from recurrent_coreai.stages.gate_lowering import FOLDED, PIPELINE, gate_lowering
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import atomic_path, dumps_json, sha256_file, tree_manifest
+from recurrent_coreai.util import numpy_simd
 from recurrent_coreai.util.progress import progress
 from recurrent_coreai.pipeline.records import (PROMPT_TOKENS, check_seal, read_aot, read_export, read_stream, rerun_fix,
                                                sealed_text)
@@ -315,6 +316,7 @@ def run_pieces(aimodelx: Path, export_record: dict, stream: dict, settings: dict
     that many processes, each with its own runtime session (the Linux runtime computes on the
     calling thread, so this is how one job uses more cores); the results are the same."""
     workers = max(1, min(workers, len(pieces)))
+    numpy_simd.warn_unless_recorded_kernels()  # the numbers below are the record's only on its kernels
     stage.log.info("gate %s: %d step(s)%s in %d process(es)", Path(aimodelx).stem, shards.steps_of(pieces),
                    " and the prefill check" if any(p.get(shards.PREFILL) for p in pieces) else "", workers)
     if workers == 1:
