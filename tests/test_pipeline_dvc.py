@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -21,13 +23,11 @@ from repo_copies import DVC_REBUILDS, RECIPES, of_model, run
 pytestmark = pytest.mark.slow
 
 
-# The CPU capability torch reported where the committed dvc.lock was recorded (bench/bench_dag.py on
-# this project's 2-core machine, where CI runs): the Core AI runtime and torch pick their CPU kernels
-# by it, so the gate's numbers differ in their last bits on another (measured 2026-12-02: an AVX2 build
-# of the AVX512 record matched every source, vocab, reference, export and aot output; every gate JSON,
-# and so card, report and publish, differed). Re-record dvc.lock elsewhere: update this too.
-RECORDED_CPU_CAPABILITY = "AVX2"
-# the stages the runtime's numbers shape: on a CPU of another capability their outputs differ in the last bits
+# The gate's numbers (and the card, report and publish tree after them) are the record's only where
+# numpy runs the kernels they were computed with: recurrent_coreai/util/numpy_simd.py caps them at
+# X86_V3 on import, so AVX2 and AVX-512 hosts record the same bytes (measured 2026-12-03); a host
+# without X86_V3 (AVX2+FMA) runs numpy's baseline kernels and records other last bits.
+# the stages the gate's numbers shape: on numpy kernels other than the record's their outputs differ in the last bits
 AFTER_GATE = ("gate_shard-", "gate-", "card-", "report-", "stage_and_push-")
 
 
@@ -49,29 +49,33 @@ def _differences(ours: dict, theirs: dict) -> list[str]:
     return out
 
 
-def _recorded_cpu() -> bool:
-    import torch
+def _off_record_kernels() -> dict:
+    """The gate ufuncs whose numpy kernel in a stage process (recurrent_coreai imported first, as
+    every scripts/ entry does) is not the recorded one: empty on every host with X86_V3."""
+    code = ("import json, recurrent_coreai; from recurrent_coreai.util import numpy_simd; "
+            "print(json.dumps(numpy_simd.off_record()))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
-    return torch.backends.cpu.get_cpu_capability() == RECORDED_CPU_CAPABILITY
+
+def _recorded_kernels() -> bool:
+    return not _off_record_kernels()
 
 
-def _cpu_independent(committed: dict, fresh: dict) -> tuple[dict, dict]:
-    """Both records whole on a CPU of the recorded capability. On another, only the stages whose
-    outputs no runtime number shapes (not the gate and what follows it), said in a warning; in CI
-    (CI=true) that is a failure: CI runs on the machine dvc.lock is recorded for, and a user there
-    would see dvc.lock modified after `make publish`."""
+def _kernel_independent(committed: dict, fresh: dict) -> tuple[dict, dict]:
+    """Both records whole where numpy runs the record's kernels (every x86-64 host with X86_V3). On
+    another, only the stages the gate's numbers do not shape, said in a warning; in CI (CI=true)
+    that is a failure: a user there would see dvc.lock modified after `make publish`."""
     import warnings
 
-    import torch
-
-    if _recorded_cpu():
+    other = _off_record_kernels()
+    if not other:
         return committed, fresh
-    here = torch.backends.cpu.get_cpu_capability()
-    message = (f"this CPU runs {here} kernels, dvc.lock was recorded with {RECORDED_CPU_CAPABILITY}: the gate's "
+    message = (f"numpy runs {other} here, not the kernels dvc.lock's gate records were computed with: the gate's "
                "numbers differ in their last bits, so only the stages before the gate were compared")
     if os.environ.get("CI") == "true":
-        pytest.fail(f"{message} -- fix: re-record dvc.lock on this machine (python bench/bench_dag.py, then copy "
-                    "its dvc.lock) and set RECORDED_CPU_CAPABILITY in tests/test_pipeline_dvc.py")
+        pytest.fail(f"{message} -- fix: run CI on a host with X86_V3 (AVX2+FMA), or leave NPY_DISABLE_CPU_FEATURES "
+                    "to recurrent_coreai (util/numpy_simd.py)")
     warnings.warn(message)
     keep = lambda lock: {k: v for k, v in lock.items() if not k.startswith(AFTER_GATE)}  # noqa: E731
     return keep(committed), keep(fresh)
@@ -88,7 +92,7 @@ def test_the_make_publish_record_of_a_build_is_the_committed_dvc_lock(dvc_repo, 
         lock.unlink()
         proc = run("python scripts/dvc_record.py --config-file config.yaml --since 0", repo)
         assert "DVC: recorded" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
-        committed, fresh = _cpu_independent(_lock((repo_root / "dvc.lock").read_text()), _lock(lock.read_text()))
+        committed, fresh = _kernel_independent(_lock((repo_root / "dvc.lock").read_text()), _lock(lock.read_text()))
     finally:
         lock.write_bytes(kept)
     differences = _differences(committed, fresh)
@@ -117,20 +121,20 @@ def test_dvc_repro_runs_exactly_the_stages_whose_outputs_are_not_the_committed_o
     """`dvc repro` compares every stage's deps, params and outputs with the committed dvc.lock: it
     ran every stage of the model whose outputs were removed, and kept every other output of the
     snakemake build -- each one's digest is the committed record's (so that build made, in another
-    directory, the bytes dvc.lock was recorded from). On a CPU of another capability than the
-    record's, the stages after the gate of every model rerun too (their numbers differ in the last
-    bits), said in a warning."""
+    directory, the bytes dvc.lock was recorded from). Where numpy runs other kernels than the
+    record's (a host without X86_V3), the stages after the gate of every model rerun too (their
+    numbers differ in the last bits), said in a warning."""
     repo, built = dvc_repo
     committed = _lock((repo_root / "dvc.lock").read_text())
     _same_toolchain_or_skip(committed, _lock(built["dvc_lock"]))
-    recorded_cpu = _recorded_cpu()
-    if not recorded_cpu:
+    recorded_kernels = _recorded_kernels()
+    if not recorded_kernels:
         import warnings
 
-        warnings.warn(f"dvc.lock was recorded with {RECORDED_CPU_CAPABILITY} kernels: every model's stages after the "
-                      "gate are expected to rerun here")
+        warnings.warn("numpy runs other kernels here than dvc.lock's gate records were computed with: every "
+                      "model's stages after the gate are expected to rerun here")
     expected = sorted(name for name in committed
-                      if of_model(name, DVC_REBUILDS) or (not recorded_cpu and name.startswith(AFTER_GATE)))
+                      if of_model(name, DVC_REBUILDS) or (not recorded_kernels and name.startswith(AFTER_GATE)))
     assert len(expected) > 15
     assert built["ran"] == expected, (f"dvc repro ran {len(built['ran'])} stages; not the expected: "
                                       f"{sorted(set(built['ran']) ^ set(expected))[:8]}")
@@ -158,26 +162,26 @@ def test_the_committed_dvc_lock_is_what_a_fresh_build_records(dvc_repo, repo_roo
     repro`'s of the model it rebuilt (dvc_repo)."""
     repo, built = dvc_repo
     committed, fresh = _lock((repo_root / "dvc.lock").read_text()), _lock(built["dvc_lock"])
-    committed, fresh = _cpu_independent(committed, fresh)
+    committed, fresh = _kernel_independent(committed, fresh)
     _same_toolchain_or_skip(committed, fresh)
     differences = _differences(committed, fresh)
     assert differences == [], (f"the committed dvc.lock is not what a fresh build records ({len(differences)}: "
                                f"{differences[:6]}) -- fix: commit the code, run `make publish`, commit dvc.lock")
-    if _recorded_cpu():  # elsewhere the gate's records differ (said above): dvc.lock is then changed
+    if _recorded_kernels():  # elsewhere the gate's records differ (said above): dvc.lock is then changed
         assert built["git_status"] == "", f"the build left the copy's git tree changed:\n{built['git_status']}"
 
 
 def test_the_snakemake_builds_own_record_is_the_committed_one(smk_repo, repo_root):
     """The dvc.lock the snakemake build's own onsuccess record left (scripts/dvc_record.py, what
     `make publish` runs) holds the committed entry of every stage: command, params, code and data
-    deps, every output's digest (but, on a CPU of another capability, the stages after the gate)."""
+    deps, every output's digest (but, on numpy kernels other than the record's, the stages after the gate)."""
     _, built = smk_repo
     committed, fresh = _lock((repo_root / "dvc.lock").read_text()), _lock(built["dvc_lock"])
     n = len(yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"])
     # every entry is this build's (the copy started from the committed dvc.lock)
     assert f"DVC: recorded the {n} stage(s) this run built, of {n}" in built["output"], built["output"][-2000:]
     _same_toolchain_or_skip(committed, fresh)
-    committed, fresh = _cpu_independent(committed, fresh)
+    committed, fresh = _kernel_independent(committed, fresh)
     assert len(fresh) > 30
     differences = _differences(committed, fresh)
     assert differences == [], f"the snakemake build's record differs from the committed dvc.lock: {differences[:6]}"
