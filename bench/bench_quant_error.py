@@ -1,29 +1,37 @@
 #!/usr/bin/env python3
-"""Where a quantised recipe's logit error comes from, in the fp32 reference (no Core AI).
+"""Where a quantised recipe's error comes from, in the fp32 reference (no Core AI), any family.
 
-    python bench/bench_quant_error.py --source DIR --stream stream.npz [--recipe int8keepproj]
-                                      [--steps N] [--variants all head ffn noise ...] [--json PATH]
+    python bench/bench_quant_error.py --source DIR --stream stream.npz [--family rwkv7]
+                                      [--recipe int8keepproj] [--steps N]
+                                      [--variants all noise early late <role> ...] [--json PATH]
 
-RWKV-7 only (it swaps weights inside the RWKV-7 fp32 reference; for RWKV-6 and Mamba-2 see
-tests/families/rwkv6_quant_error.py and mamba2_quant_error.py). ``DIR`` is a source stage output
-of an rwkv7 model (model.safetensors + config.json) and ``stream.npz`` the
-reference stage's stream for it (results/<model>/reference/stream.npz): the tokens fed at each
-step and the fp32 logits that came out. Each variant replaces some weights and feeds the same
-tokens (teacher forcing, state reset where the stream starts a prompt), then compares its logits
-with the stream's:
+``DIR`` is a source stage output (model.safetensors + config.json) of a model of ``--family``
+(rwkv7 by default) and ``stream.npz`` the reference stage's stream for it
+(results/<model>/reference/stream.npz): the tokens fed at each step and the fp32 logits that came
+out, and the prefill check's states. Each variant replaces some weights of the family's fp32
+reference (families/<family>/reference.py) and feeds the same tokens (teacher forcing, state reset
+where the stream starts a prompt), then compares its logits with the stream's; it also feeds the
+prefill check's continuous stream (stages/reference.prefill_stream, as the reference stage does) and
+compares the states after it with the stream's, as the gate's ``prefill_max_rel_dstate`` does
+(largest |difference| over the state's largest magnitude, per state, worst position):
 
-- ``all``: every weight the recipe quantises, quantised and dequantised in fp32 (symmetric,
-  per block of ``block_size`` along the input axis, scale absmax / (2^(bits-1) - 1), round to
-  nearest): the recipe's error alone, without fp16 or the runtime;
-- ``head`` / ``ffn``: the same for lm_head only, or the FFN key/value linears only;
+- ``none``: no weight changed (the stream's own numbers: every difference 0);
+- ``all``: every weight the recipe quantises (its roles resolved for the family, a tied head kept as
+  the export's plan keeps it), quantised and dequantised in fp32 (symmetric, per block of
+  ``block_size`` along the input axis, scale absmax / (2^(bits-1) - 1), round to nearest): the
+  recipe's error alone, without fp16 or the runtime;
+- ``<role>`` (e.g. ``lm_head``, ``mlp``, ``mixer_output``): the same for one of the recipe's roles;
 - ``noise``: Gaussian noise of the same per-element rms as ``all``'s error, in each block: is it
   the size of the error or its structure that matters?
-- ``early`` / ``late``: ``ffn`` in the first / last third of the layers only (how much the error
+- ``early`` / ``late``: ``all`` in the first / last third of the layers only (how much the error
   grows through depth).
 
 Printed per variant: relative weight error (rms of the change / rms of the weights), max|dlogits|
-median and max over steps, top-1 flips and the smallest reference top-2 margin among them, and how
-many steps have a reference margin below that step's max|dlogits| ("at risk").
+median and max over steps, top-1 flips and the smallest reference top-2 margin among them, how
+many steps have a reference margin below that step's max|dlogits| ("at risk"), and the prefill
+states' relative difference. (Until 2026-12-03 this bench was RWKV-7's only; its ``head`` and
+``ffn`` variants are now the roles ``lm_head`` and ``mlp``, and ``early``/``late`` take every
+quantised weight of those layers, not the FFN's only.)
 """
 from __future__ import annotations
 
@@ -44,9 +52,7 @@ sys.path.insert(0, str(ROOT))
 from recurrent_coreai import families  # noqa: E402
 from recurrent_coreai.checkpoints.reader import load_checkpoint  # noqa: E402
 from recurrent_coreai.coreai import quantize  # noqa: E402
-from recurrent_coreai.families.rwkv7.reference import Reference  # noqa: E402
-
-FAMILY = families.get("rwkv7")
+from recurrent_coreai.stages.reference import prefill_stream  # noqa: E402
 
 
 def fake_quant(w: torch.Tensor, bits: int, block: int) -> torch.Tensor:
@@ -73,21 +79,25 @@ def matched_noise(w: torch.Tensor, q: torch.Tensor, block: int, gen: torch.Gener
     return res
 
 
-def selected(names, include: list[str], exclude: list[str], layers: set[int] | None) -> list[str]:
-    """Weight names the recipe's patterns choose (as quantize.plan matches them), in ``layers``."""
+def selected(names, q: dict, layers: set[int] | None) -> list[str]:
+    """Weight names the recipe's resolved ``q`` chooses (as quantize.plan matches linears: a tied
+    one only where a raw include pattern names it), in ``layers`` (the first number in the name)."""
     out = []
     for n in names:
         linear = n.removesuffix(".weight")
-        if linear == n or not quantize.matching_pattern(linear, include) or quantize.matching_pattern(linear, exclude):
+        if linear == n or not quantize.matching_pattern(linear, q["include"]) \
+                or quantize.matching_pattern(linear, q.get("exclude", [])):
             continue
-        m = re.match(r"model\.layers\.(\d+)\.", n)
+        if linear in q.get("tied", {}) and not quantize.matching_pattern(linear, q.get("include_raw", q["include"])):
+            continue
+        m = re.search(r"\.(\d+)\.", n)
         if layers is not None and (m is None or int(m.group(1)) not in layers):
             continue
         out.append(n)
     return out
 
 
-def run_variant(ref: Reference, stream, steps: int) -> np.ndarray:
+def run_variant(ref, stream, steps: int) -> np.ndarray:
     state, out = None, []
     for i in range(steps):
         if i == 0 or stream["pos"][i] == 0:
@@ -96,71 +106,93 @@ def run_variant(ref: Reference, stream, steps: int) -> np.ndarray:
     return np.stack(out)
 
 
-def compare(logits: np.ndarray, ref_logits: np.ndarray) -> dict:
+def prefill_states(ref, stream) -> dict:
+    """The prefill check's states from ``ref`` against the stream's: per state, the largest
+    |difference| over the reference state's largest magnitude, at the worst position."""
+    if "prefill_tokens" not in stream:
+        return {}
+    tokens = stream["prefill_tokens"]
+    got = prefill_stream(ref, tokens, int(stream["prefill_chunk"]), len(tokens))
+    out = {}
+    for key in (k for k in stream if k.startswith("prefill_state_") and k != "prefill_state_pos"):
+        ref_state, ours = stream[key].astype(np.float64), got[key].astype(np.float64)
+        rel = [float(np.abs(ours[i] - ref_state[i]).max() / max(np.abs(ref_state[i]).max(), 1e-30))
+               for i in range(len(ref_state))]
+        out[key.removeprefix("prefill_state_")] = max(rel)
+    logits = np.abs(got["prefill_logits"] - stream["prefill_logits"]).max()
+    return {"prefill_rel_dstate": out, "prefill_max_abs_dlogits": float(logits)}
+
+
+def compare(logits: np.ndarray, ref_logits: np.ndarray, near_tie: float) -> dict:
     d = np.abs(logits - ref_logits).max(1)
     top2 = np.argsort(ref_logits, 1)[:, -2:]
     margin = ref_logits[np.arange(len(d)), top2[:, 1]] - ref_logits[np.arange(len(d)), top2[:, 0]]
     flips = np.flatnonzero(logits.argmax(1) != top2[:, 1])
     return {"max_abs_dlogits_median": float(np.median(d)), "max_abs_dlogits_max": float(d.max()),
             "flips": int(len(flips)), "flip_steps": flips.tolist(),
+            "flips_outside_near_ties": int((margin[flips] >= near_tie).sum()),
             "flip_min_margin": float(margin[flips].min()) if len(flips) else None,
             "at_risk": int((margin < d).sum()), "steps": int(len(d)),
             "margin_p10": float(np.percentile(margin, 10)), "margin_median": float(np.median(margin))}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     ap.add_argument("--source", type=Path, required=True)
     ap.add_argument("--stream", type=Path, required=True)
+    ap.add_argument("--family", default="rwkv7", help="the registered family of the source (default rwkv7)")
     ap.add_argument("--recipe", default="int8keepproj")
     ap.add_argument("--steps", type=int, default=None, help="default: the whole stream")
-    ap.add_argument("--variants", nargs="+", default=["all", "head", "ffn", "noise", "early", "late"])
+    ap.add_argument("--variants", nargs="+", default=None,
+                    help="default: none all noise early late and each of the recipe's roles")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     ns = ap.parse_args()
 
-    q = yaml.safe_load((ROOT / "config.yaml").read_text())["recipes"][ns.recipe]["quantize"]
-    q = quantize.resolve_roles(q, FAMILY.roles, ns.recipe)  # a recipe by roles -> RWKV-7's patterns
+    family = families.get(ns.family)
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    recipe, near_tie = config["recipes"][ns.recipe]["quantize"], config["gate"]["near_tie_epsilon"]
     stream = dict(np.load(ns.stream))
     steps = ns.steps or len(stream["tokens"])
-    geom, weights = load_checkpoint(ns.source, family=FAMILY)
-    ref = FAMILY.reference(weights, geom, torch.float32)
-    if not isinstance(ref, Reference):
-        raise SystemExit("error: the rwkv7 family's reference is not families.rwkv7.reference.Reference -- "
-                         "fix: update bench_quant_error.py to the family's reference")
+    geom, weights = load_checkpoint(ns.source, family=family)
+    q = quantize.resolve_roles(recipe, family.roles, ns.recipe, tied=family.tied_linears(geom))
+    ref = family.reference(weights, geom, torch.float32)
+    del weights
     base = dict(ref.w)
     L = geom.layers
-    groups = {
-        "all": (q["include"], None),
-        "head": (["lm_head"], None),
-        "ffn": ([p for p in q["include"] if "ffn" in p], None),
-        "noise": (q["include"], None),
-        "early": ([p for p in q["include"] if "ffn" in p], set(range(max(1, L // 3)))),
-        "late": ([p for p in q["include"] if "ffn" in p], set(range(L - max(1, L // 3), L))),
-    }
+    third = max(1, L // 3)
+    groups = {"none": None, "all": (q, None), "noise": (q, None), "early": (q, set(range(third))),
+              "late": (q, set(range(L - third, L)))}
+    for role in recipe.get("roles", []):
+        groups[role] = (quantize.resolve_roles({**recipe, "roles": [role], "include": []}, family.roles, ns.recipe,
+                                               tied=family.tied_linears(geom)), None)
+    variants = ns.variants or list(groups)
+    unknown = [v for v in variants if v not in groups]
+    if unknown:
+        raise SystemExit(f"error: --variants: {unknown[0]!r} is not one of {', '.join(groups)} for recipe {ns.recipe}")
     rows = []
     gen = torch.Generator().manual_seed(ns.seed)
-    for v in ns.variants:
-        include, layers = groups[v]
-        names = selected(base, include, q.get("exclude", []), layers)
+    for v in variants:
+        names = selected(base, *groups[v]) if groups[v] else []
         t0 = time.time()
         num = den = 0.0
         ref.w = dict(base)
         for n in names:
-            qw = fake_quant(base[n], q["bits"], q["block_size"])
+            qw = fake_quant(base[n], recipe["bits"], recipe["block_size"])
             if v == "noise":
-                qw = matched_noise(base[n], qw, q["block_size"], gen)
+                qw = matched_noise(base[n], qw, recipe["block_size"], gen)
             num += float((qw - base[n]).double().pow(2).sum())
             den += float(base[n].double().pow(2).sum())
             ref.w[n] = qw
-        row = {"variant": v, "weights": len(names), "rel_weight_error": (num / den) ** 0.5,
-               **compare(run_variant(ref, stream, steps), stream["logits"][:steps]),
-               "seconds": round(time.time() - t0, 1)}
+        row = {"variant": v, "weights": len(names), "rel_weight_error": (num / den) ** 0.5 if den else 0.0,
+               **compare(run_variant(ref, stream, steps), stream["logits"][:steps], near_tie),
+               **prefill_states(ref, stream), "seconds": round(time.time() - t0, 1)}
         rows.append(row)
         print(json.dumps(row), flush=True)
     ref.w = base
     if ns.json:
-        ns.json.write_text(json.dumps({"source": str(ns.source), "recipe": ns.recipe, "rows": rows}, indent=1))
+        ns.json.write_text(json.dumps({"source": str(ns.source), "family": ns.family, "recipe": ns.recipe,
+                                       "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

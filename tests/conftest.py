@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+import recurrent_coreai  # noqa: F401  -- before anything loads numpy, as in every stage process: it caps
+# numpy's kernels (util/numpy_simd.py), so what a test computes here is what the stages compute
+
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")

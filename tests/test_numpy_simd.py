@@ -53,6 +53,14 @@ def test_a_stage_process_runs_the_recorded_kernels():
     assert kernels and set(kernels.values()) == {numpy_simd.RECORDED_TARGET}, kernels
 
 
+def test_this_test_process_runs_the_stages_kernels():
+    """tests/conftest.py imports recurrent_coreai before numpy loads: a number a test computes in
+    its own process is the one a stage (or a gate worker it spawns) computes."""
+    if not {"avx2", "fma"} <= _cpu_flags():
+        pytest.skip("this host has no AVX2+FMA (X86_V3)")
+    assert numpy_simd.off_record() == {}
+
+
 def test_the_gates_numbers_on_the_recorded_kernels_are_the_recorded_bytes():
     if not {"avx2", "fma"} <= _cpu_flags():
         pytest.skip("this host has no AVX2+FMA (X86_V3)")
