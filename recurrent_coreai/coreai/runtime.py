@@ -204,7 +204,8 @@ class DecodeSession:
         self.function = function or by_role(DECODE).name
         self._loop = RuntimeLoop()
         try:
-            self._model = self._loop.run(rt.AIModel.load(str(aimodelx)))
+            with interrupt_after():  # an interrupted load would leave the runtime's thread loading: SIGABRT at exit
+                self._model = self._loop.run(rt.AIModel.load(str(aimodelx)))
             self._fn = self._model.load_function(self.function)
         except Exception as exc:  # noqa: BLE001 - runtime errors have many types
             self._loop.close()
