@@ -39,7 +39,7 @@ test: setup browser lint
 # slurm-wlm, slurmdbd, munge, mariadb-server when missing), every job COMPLETED in sacct
 test-cluster: setup
 	bash tests/cluster/install.sh
-	RECURRENT_COREAI_TEST_CLUSTER=1 PYTEST_WORKERS=0 timeout -k 30 2700 bash .ci/pytest.sh -s tests/test_cluster.py
+	RECURRENT_COREAI_TEST_CLUSTER=1 PYTEST_WORKERS=0 timeout -k 30 2700 bash .ci/pytest.sh -s tests/test_cluster.py tests/test_cluster_nodes.py
 
 # dvc status by content, not file times: an empty state cache makes DVC re-hash every output
 verify: setup

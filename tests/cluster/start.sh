@@ -2,7 +2,9 @@
 # A single-node SLURM 22.05 (Debian's slurm-wlm, slurmdbd, munge, mariadb-server) for tests,
 # started as root on loopback, with job accounting so that `sacct` shows every job:
 #   munged (default socket) -> MariaDB (datadir in DIR, 127.0.0.1) -> slurmdbd -> slurmctld -> slurmd
-# Usage: tests/cluster/start.sh DIR      stop: tests/cluster/stop.sh DIR
+# Usage: tests/cluster/start.sh DIR [NODES]      stop: tests/cluster/stop.sh DIR
+# NODES > 1: that many slurmd "nodes" (n1..nNODES) on this one host (Debian's slurm-wlm is built with
+# MULTIPLE_SLURMD), each with this host's CPUs and memory (oversubscribed: they share them).
 # Everything lives in DIR (state, spool, logs, pid files) except the two config files, which
 # must be /etc/slurm/slurm.conf and slurmdbd.conf (the Snakemake jobstep plugin drops SLURM_CONF
 # before its inner srun); any existing ones are saved in DIR and put back by stop.sh.
@@ -10,7 +12,9 @@ set -euo pipefail
 MARK="# rwkv7-coreai test cluster"
 
 die() { echo "error: tests/cluster/start.sh: $1 -- fix: $2" >&2; exit 1; }
-[ $# -eq 1 ] || die "usage: start.sh DIR" "name a scratch directory"
+[ $# -eq 1 ] || [ $# -eq 2 ] || die "usage: start.sh DIR [NODES]" "name a scratch directory"
+NODES=${2:-1}
+[[ "$NODES" =~ ^[1-9][0-9]?$ ]] || die "NODES is '$NODES'" "give a node count from 1 to 99"
 [ "$(id -u)" -eq 0 ] || die "must run as root (slurmd runs the jobs as root here)" "run it as root"
 for cmd in munged munge slurmctld slurmd slurmdbd sacct mariadbd mariadb-install-db mariadb; do
   command -v "$cmd" >/dev/null || die "$cmd not found" "apt-get install -y slurm-wlm munge slurmdbd mariadb-server (tests/cluster/install.sh)"
@@ -59,6 +63,18 @@ CPUS=$(slurmd -C | sed -n 's/.*CPUs=\([0-9]*\).*/\1/p')
 for f in slurm.conf slurmdbd.conf; do
   if [ -e "/etc/slurm/$f" ] && ! grep -q "^$MARK" "/etc/slurm/$f"; then cp -p "/etc/slurm/$f" "$DIR/etc/$f.orig"; fi
 done
+if [ "$NODES" -eq 1 ]; then
+  NAMES=("$HOST"); NODE_LIST=$HOST
+  NODE_LINES="NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM State=UNKNOWN"
+else
+  NAMES=(); NODE_LINES=""
+  for i in $(seq "$NODES"); do
+    NAMES+=("n$i")
+    NODE_LINES+="NodeName=n$i NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$(free_port) CPUs=$CPUS RealMemory=$MEM State=UNKNOWN"$'\n'
+  done
+  NODE_LIST="n[1-$NODES]"
+fi
+for n in "${NAMES[@]}"; do mkdir -p "$DIR/spool/$n"; done
 mkdir -p /etc/slurm
 cat >/etc/slurm/slurm.conf <<CONF
 $MARK ($DIR)
@@ -77,19 +93,19 @@ DefMemPerCPU=500
 MailProg=/bin/true
 ReturnToService=2
 StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool
+SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$DIR/slurmctld.pid
-SlurmdPidFile=$DIR/slurmd.pid
+SlurmdPidFile=$DIR/slurmd-%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
-SlurmdLogFile=$DIR/log/slurmd.log
+SlurmdLogFile=$DIR/log/slurmd-%n.log
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=$DBD_PORT
 AccountingStoreFlags=job_comment
 JobAcctGatherType=jobacct_gather/linux
-NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM State=UNKNOWN
-PartitionName=main Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+$NODE_LINES
+PartitionName=main Nodes=$NODE_LIST Default=YES MaxTime=INFINITE State=UP
 CONF
 cat >/etc/slurm/slurmdbd.conf <<CONF
 $MARK ($DIR)
@@ -114,8 +130,10 @@ wait_for 30 slurmdbd sacctmgr -n list cluster
 slurmctld -D -i >"$DIR/log/slurmctld.out" 2>&1 &
 echo $! >"$DIR/slurmctld.daemon.pid"
 wait_for 30 slurmctld scontrol ping
-slurmd -D -N "$HOST" >"$DIR/log/slurmd.out" 2>&1 &
-echo $! >"$DIR/slurmd.daemon.pid"
-wait_for 30 "node $HOST" sh -c "sinfo -h -N -n '$HOST' -o %T | grep -qx idle"
+for n in "${NAMES[@]}"; do
+  slurmd -D -N "$n" >"$DIR/log/slurmd-$n.out" 2>&1 &
+  echo $! >"$DIR/slurmd-$n.daemon.pid"
+done
+for n in "${NAMES[@]}"; do wait_for 30 "node $n" sh -c "sinfo -h -N -n '$n' -o %T | grep -qx idle"; done
 wait_for 30 "cluster registration in slurmdbd" sh -c "sacctmgr -n -P list cluster format=cluster | grep -qx rwkv7test"
-echo "cluster up: partition main, node $HOST ($CPUS CPUs, $MEM MB), slurmctld :$CTLD_PORT, slurmdbd :$DBD_PORT, MariaDB 127.0.0.1:$DB_PORT; state in $DIR"
+echo "cluster up: partition main, node(s) $NODE_LIST ($CPUS CPUs, $MEM MB each), slurmctld :$CTLD_PORT, slurmdbd :$DBD_PORT, MariaDB 127.0.0.1:$DB_PORT; state in $DIR"

@@ -20,7 +20,8 @@ stop_pid() {  # pidfile: TERM, wait up to 10 s, then KILL
 if [ -s "$DIR/slurmctld.daemon.pid" ] && kill -0 "$(cat "$DIR/slurmctld.daemon.pid")" 2>/dev/null; then
   timeout 20 scancel --quiet --user=root 2>/dev/null  # jobs a test left behind
 fi
-for d in slurmd slurmctld slurmdbd; do stop_pid "$DIR/$d.daemon.pid"; done
+for f in "$DIR"/slurmd*.daemon.pid; do stop_pid "$f"; done  # one per node (start.sh DIR NODES)
+for d in slurmctld slurmdbd; do stop_pid "$DIR/$d.daemon.pid"; done
 stop_pid "$DIR/mariadbd.pid"
 if [ -e "$DIR/munge.ours" ]; then stop_pid /run/munge/munged.pid; rm -f "$DIR/munge.ours"; fi
 for f in slurm.conf slurmdbd.conf; do
