@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 from recurrent_coreai import families  # noqa: E402
 from recurrent_coreai.checkpoints.reader import load_checkpoint  # noqa: E402
 from recurrent_coreai.coreai import quantize  # noqa: E402
+from recurrent_coreai.stages import gate  # noqa: E402
 from recurrent_coreai.stages.reference import prefill_stream  # noqa: E402
 
 
@@ -107,18 +108,19 @@ def run_variant(ref, stream, steps: int) -> np.ndarray:
 
 
 def prefill_states(ref, stream) -> dict:
-    """The prefill check's states from ``ref`` against the stream's: per state, the largest
-    |difference| over the reference state's largest magnitude, at the worst position."""
+    """The prefill check's states from ``ref`` against the stream's, judged as the gate judges them
+    (stages/gate.py: max|Δ| over the reference state's max|value|), worst position per state."""
     if "prefill_tokens" not in stream:
         return {}
     tokens = stream["prefill_tokens"]
     got = prefill_stream(ref, tokens, int(stream["prefill_chunk"]), len(tokens))
-    out = {}
-    for key in (k for k in stream if k.startswith("prefill_state_") and k != "prefill_state_pos"):
-        ref_state, ours = stream[key].astype(np.float64), got[key].astype(np.float64)
-        rel = [float(np.abs(ours[i] - ref_state[i]).max() / max(np.abs(ref_state[i]).max(), 1e-30))
-               for i in range(len(ref_state))]
-        out[key.removeprefix("prefill_state_")] = max(rel)
+    names = [k.removeprefix("prefill_state_") for k in stream if k.startswith("prefill_state_") and k != "prefill_state_pos"]
+    out = {n: 0.0 for n in names}
+    for i in range(len(stream["prefill_state_pos"])):
+        ours = {n: got[f"prefill_state_{n}"][i] for n in names}
+        theirs = {n: stream[f"prefill_state_{n}"][i] for n in names}
+        rel = gate.relative_diffs(gate.state_diffs(ours, theirs), gate.state_scales(theirs))
+        out = {n: max(out[n], rel[n]) for n in names}
     logits = np.abs(got["prefill_logits"] - stream["prefill_logits"]).max()
     return {"prefill_rel_dstate": out, "prefill_max_abs_dlogits": float(logits)}
 

@@ -4,6 +4,7 @@ and so its records, the card and dvc.lock -- are the same bytes on AVX2 and AVX-
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +32,7 @@ RECORDED = {"kl": "0x1.2b5958f5fb400p-22", "max_abs_dlogits": "0x1.38e4382776c00
 
 
 def _python(code: str, *args: str, **env: str) -> str:
-    environ = {k: v for k, v in __import__("os").environ.items() if k != numpy_simd.NUMPY_SIMD_ENV}
+    environ = {k: v for k, v in os.environ.items() if k != numpy_simd.NUMPY_SIMD_ENV}
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO,
                           env={**environ, "PYTHONPATH": str(REPO), **env}, check=True)
     return proc.stdout + proc.stderr
@@ -44,26 +45,27 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+needs_x86_v3 = pytest.mark.skipif(not {"avx2", "fma"} <= _cpu_flags(),
+                                  reason="this host has no AVX2+FMA (X86_V3): numpy runs its baseline kernels here")
+
+
+@needs_x86_v3
 def test_a_stage_process_runs_the_recorded_kernels():
-    if not {"avx2", "fma"} <= _cpu_flags():
-        pytest.skip("this host has no AVX2+FMA (X86_V3): numpy runs its baseline kernels here")
     out = _python("import json, recurrent_coreai, numpy; from recurrent_coreai.util import numpy_simd; "
                   "print(json.dumps(numpy_simd.gate_kernels()))")
     kernels = json.loads(out.strip().splitlines()[-1])
     assert kernels and set(kernels.values()) == {numpy_simd.RECORDED_TARGET}, kernels
 
 
+@needs_x86_v3
 def test_this_test_process_runs_the_stages_kernels():
     """tests/conftest.py imports recurrent_coreai before numpy loads: a number a test computes in
     its own process is the one a stage (or a gate worker it spawns) computes."""
-    if not {"avx2", "fma"} <= _cpu_flags():
-        pytest.skip("this host has no AVX2+FMA (X86_V3)")
     assert numpy_simd.off_record() == {}
 
 
+@needs_x86_v3
 def test_the_gates_numbers_on_the_recorded_kernels_are_the_recorded_bytes():
-    if not {"avx2", "fma"} <= _cpu_flags():
-        pytest.skip("this host has no AVX2+FMA (X86_V3)")
     assert json.loads(_python(COMPARE, "capped").strip().splitlines()[-1]) == RECORDED
 
 
