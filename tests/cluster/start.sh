@@ -5,6 +5,10 @@
 # Usage: tests/cluster/start.sh DIR [NODES]      stop: tests/cluster/stop.sh DIR
 # NODES > 1: that many slurmd "nodes" (n1..nNODES) on this one host (Debian's slurm-wlm is built with
 # MULTIPLE_SLURMD), each with this host's CPUs and memory (oversubscribed: they share them).
+# NODE_CPUS / NODE_MEM_MB (environment) offer each node that many CPUs / MB instead: e.g. two
+# nodes of half the host's memory never run jobs whose requests add up to more than the host has;
+# CPUs above the host's are accepted (SlurmdParameters=config_overrides) for jobs that ask more
+# threads than this host has, at the cost of sharing its cores.
 # Everything lives in DIR (state, spool, logs, pid files) except the two config files, which
 # must be /etc/slurm/slurm.conf and slurmdbd.conf (the Snakemake jobstep plugin drops SLURM_CONF
 # before its inner srun); any existing ones are saved in DIR and put back by stop.sh.
@@ -58,8 +62,13 @@ mariadb --no-defaults -S "$DIR/db/mysqld.sock" -u root -e "
 
 # --- configs: /etc/slurm (saved originals go to DIR/etc) ---------------------------------------
 CTLD_PORT=$(free_port); SLURMD_PORT=$(free_port); DBD_PORT=$(free_port)
-MEM=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
-CPUS=$(slurmd -C | sed -n 's/.*CPUs=\([0-9]*\).*/\1/p')
+HOST_MEM=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
+HOST_CPUS=$(slurmd -C | sed -n 's/.*CPUs=\([0-9]*\).*/\1/p')
+MEM=${NODE_MEM_MB:-$HOST_MEM}; CPUS=${NODE_CPUS:-$HOST_CPUS}
+[[ "$MEM" =~ ^[1-9][0-9]*$ ]] && [ "$MEM" -le "$HOST_MEM" ] || die "NODE_MEM_MB is '$MEM'" "give MB from 1 to this host's $HOST_MEM"
+[[ "$CPUS" =~ ^[1-9][0-9]*$ ]] || die "NODE_CPUS is '$CPUS'" "give a CPU count of 1 or more"
+OVERRIDES=""
+[ "$CPUS" -le "$HOST_CPUS" ] || OVERRIDES="SlurmdParameters=config_overrides"
 for f in slurm.conf slurmdbd.conf; do
   if [ -e "/etc/slurm/$f" ] && ! grep -q "^$MARK" "/etc/slurm/$f"; then cp -p "/etc/slurm/$f" "$DIR/etc/$f.orig"; fi
 done
@@ -104,6 +113,7 @@ AccountingStorageHost=localhost
 AccountingStoragePort=$DBD_PORT
 AccountingStoreFlags=job_comment
 JobAcctGatherType=jobacct_gather/linux
+$OVERRIDES
 $NODE_LINES
 PartitionName=main Nodes=$NODE_LIST Default=YES MaxTime=INFINITE State=UP
 CONF
