@@ -27,6 +27,13 @@ if pid=$(pgrep -x slurmctld); then
   die "a slurmctld is already running (pid $pid)" "stop it first (tests/cluster/stop.sh DIR of that cluster)"
 fi
 
+HOST_MEM=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
+HOST_CPUS=$(slurmd -C | sed -n 's/.*CPUs=\([0-9]*\).*/\1/p')
+MEM=${NODE_MEM_MB:-$HOST_MEM}; CPUS=${NODE_CPUS:-$HOST_CPUS}
+[[ "$MEM" =~ ^[1-9][0-9]*$ ]] && [ "$MEM" -le "$HOST_MEM" ] || die "NODE_MEM_MB is '$MEM'" "give MB from 1 to this host's $HOST_MEM"
+[[ "$CPUS" =~ ^[1-9][0-9]*$ ]] || die "NODE_CPUS is '$CPUS'" "give a CPU count of 1 or more"
+OVERRIDES=""
+[ "$CPUS" -le "$HOST_CPUS" ] || OVERRIDES="SlurmdParameters=config_overrides"
 DIR=$(realpath -m "$1")
 mkdir -p "$DIR"/{state,spool,log,db,etc}
 chmod 755 "$DIR"
@@ -62,13 +69,6 @@ mariadb --no-defaults -S "$DIR/db/mysqld.sock" -u root -e "
 
 # --- configs: /etc/slurm (saved originals go to DIR/etc) ---------------------------------------
 CTLD_PORT=$(free_port); SLURMD_PORT=$(free_port); DBD_PORT=$(free_port)
-HOST_MEM=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
-HOST_CPUS=$(slurmd -C | sed -n 's/.*CPUs=\([0-9]*\).*/\1/p')
-MEM=${NODE_MEM_MB:-$HOST_MEM}; CPUS=${NODE_CPUS:-$HOST_CPUS}
-[[ "$MEM" =~ ^[1-9][0-9]*$ ]] && [ "$MEM" -le "$HOST_MEM" ] || die "NODE_MEM_MB is '$MEM'" "give MB from 1 to this host's $HOST_MEM"
-[[ "$CPUS" =~ ^[1-9][0-9]*$ ]] || die "NODE_CPUS is '$CPUS'" "give a CPU count of 1 or more"
-OVERRIDES=""
-[ "$CPUS" -le "$HOST_CPUS" ] || OVERRIDES="SlurmdParameters=config_overrides"
 for f in slurm.conf slurmdbd.conf; do
   if [ -e "/etc/slurm/$f" ] && ! grep -q "^$MARK" "/etc/slurm/$f"; then cp -p "/etc/slurm/$f" "$DIR/etc/$f.orig"; fi
 done
