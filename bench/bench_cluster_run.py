@@ -55,8 +55,13 @@ def megabytes(rss: str) -> float:
 
 def sacct_jobs(run_id: str, since: datetime) -> list[dict]:
     """One row per job of the run (allocation), its steps' peak RSS folded in."""
-    out = subprocess.run(["sacct", "-P", "-n", "--name", run_id, "-S", f"{since:%Y-%m-%dT%H:%M:%S}", "-E", "now",
-                          "-o", ",".join(FIELDS)], capture_output=True, text=True, check=True, timeout=60).stdout
+    try:
+        out = subprocess.run(["sacct", "-P", "-n", "--name", run_id, "-S", f"{since:%Y-%m-%dT%H:%M:%S}", "-E", "now",
+                              "-o", ",".join(FIELDS)], capture_output=True, text=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        said = (getattr(exc, "stderr", None) or str(exc)).strip().splitlines()
+        sys.exit(f"error: sacct: {said[0] if said else exc} -- fix: run it where SLURM's accounting (slurmdbd) of "
+                 "that run is up (tests/cluster/start.sh starts one)")
     jobs: dict[str, dict] = {}
     for line in out.splitlines():
         row = dict(zip((f.split("%")[0] for f in FIELDS), line.split("|", len(FIELDS) - 1)))
@@ -75,9 +80,9 @@ def when(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp)
 
 
-def summary(jobs: list[dict], submit_s: float, gather_s: float | None = None) -> dict:
+def summary(jobs: list[dict], submit_s: float) -> dict:
     """Per gate: its shards (node, wall, CPU, RSS), its wall from the first shard's start to the
-    gather's end, and the modelled wall on NODES from the shards' CPU seconds."""
+    gather's end, and the modelled wall on NODES from the shards' CPU seconds (then the gather's wall)."""
     gates = {}
     for gather in (j for j in jobs if j["job"].startswith(GATHER_RULE)):
         key = gather["job"][len(GATHER_RULE):]  # model_recipe (the plugin joins the wildcards with _)
@@ -86,11 +91,10 @@ def summary(jobs: list[dict], submit_s: float, gather_s: float | None = None) ->
             continue
         first = min(when(j["start"]) for j in parts)
         cpus = [j["cpu_s"] for j in parts]
-        g = gather_s if gather_s is not None else gather["wall_s"]
         gates[key] = {"shards": len(parts), "nodes": sorted({j["node"] for j in parts}),
                       "shard_cpu_s": cpus, "shard_wall_s": [j["wall_s"] for j in parts],
                       "wall_s": round((when(gather["end"]) - first).total_seconds()),
-                      "modelled_wall_s": {n: round(lpt(cpus, n, submit_s) + g, 1) for n in NODES}}
+                      "modelled_wall_s": {n: round(lpt(cpus, n, submit_s) + gather["wall_s"], 1) for n in NODES}}
     return gates
 
 

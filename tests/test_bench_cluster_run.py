@@ -93,3 +93,14 @@ def test_a_log_without_a_run_id_is_one_line(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0
     assert str(log) in proc.stderr and "-- fix:" in proc.stderr
+
+
+def test_sacct_failing_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "sacct").write_text("#!/bin/sh\necho 'sacct: error: Problem talking to the database: Connection refused' >&2\nexit 1\n")
+    (tmp_path / "sacct").chmod(0o755)
+    log = tmp_path / "run.log"
+    log.write_text(f"SLURM run ID: {RUN}\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench/bench_cluster_run.py"), "--log", str(log)],
+                          capture_output=True, text=True, env={**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"})
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("error: sacct: sacct: error: Problem talking to the database") and "-- fix:" in proc.stderr
