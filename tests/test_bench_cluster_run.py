@@ -43,11 +43,16 @@ if args[args.index("--name") + 1] == {RUN!r}:
 """
 
 
+def sacct_on_path(directory: Path, monkeypatch, script: str) -> None:
+    """``script`` as the ``sacct`` this process and its children find first."""
+    (directory / "sacct").write_text(script)
+    (directory / "sacct").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{directory}{os.pathsep}{os.environ['PATH']}")
+
+
 @pytest.fixture
 def fake_sacct(tmp_path, monkeypatch):
-    (tmp_path / "sacct").write_text(f"#!{sys.executable}\n{FAKE}")
-    (tmp_path / "sacct").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    sacct_on_path(tmp_path, monkeypatch, f"#!{sys.executable}\n{FAKE}")
 
 
 def test_units():
@@ -96,11 +101,11 @@ def test_a_log_without_a_run_id_is_one_line(tmp_path):
 
 
 def test_sacct_failing_is_one_line(tmp_path, monkeypatch):
-    (tmp_path / "sacct").write_text("#!/bin/sh\necho 'sacct: error: Problem talking to the database: Connection refused' >&2\nexit 1\n")
-    (tmp_path / "sacct").chmod(0o755)
+    sacct_on_path(tmp_path, monkeypatch,
+                  "#!/bin/sh\necho 'sacct: error: Problem talking to the database: Connection refused' >&2\nexit 1\n")
     log = tmp_path / "run.log"
     log.write_text(f"SLURM run ID: {RUN}\n")
     proc = subprocess.run([sys.executable, str(ROOT / "bench/bench_cluster_run.py"), "--log", str(log)],
-                          capture_output=True, text=True, env={**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"})
+                          capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("error: sacct: sacct: error: Problem talking to the database") and "-- fix:" in proc.stderr
