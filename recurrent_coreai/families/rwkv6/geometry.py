@@ -25,6 +25,20 @@ ATT_LINEARS = ("receptance", "key", "value", "gate", "output")
 FFN_LINEARS = ("key", "receptance", "value")
 HF_MODEL_TYPE = "rwkv6"
 
+# ln_x, the GroupNorm over heads after the WKV. Its eps is 1e-5 * head_size_divisor**2 in BlinkDL's x060
+# (RWKV-LM RWKV-v5/src/model.py, RWKV_Tmix_x060: ``eps=(1e-5)*(args.head_size_divisor**2)``, the
+# trainer's --head_size_divisor defaulting to 8 whatever --head_size_a is) and in the HF remote code of
+# RWKV/v6-Finch-*-HF (``eps=(1e-5)*(config.head_size_divisor**2)``); the rwkv package writes 64e-5
+# literally. It depends on neither the head size nor layer_norm_epsilon (x052 divided the WKV output by
+# head_size_divisor before a GroupNorm of eps 1e-5: the same function). The one place it is computed.
+LN_X_EPS_UNIT = 1e-5
+HEAD_SIZE_DIVISOR = 8  # the official default; a BlinkDL .pth cannot state another, an HF config.json may
+
+
+def ln_x_eps(head_size_divisor: int = HEAD_SIZE_DIVISOR) -> float:
+    """ln_x's GroupNorm eps: 1e-5 * head_size_divisor**2 (64e-5 for the official divisor 8)."""
+    return LN_X_EPS_UNIT * head_size_divisor ** 2
+
 
 @dataclass(frozen=True)
 class Geometry(base.Geometry):
@@ -36,6 +50,7 @@ class Geometry(base.Geometry):
     mix_lora: int = 32
     decay_lora: int = 64
     norm_eps: float = 1e-5
+    head_size_divisor: int = HEAD_SIZE_DIVISOR  # sets ln_x's eps only (:func:`ln_x_eps`); from config.json
 
     @property
     def heads(self) -> int:
@@ -43,9 +58,16 @@ class Geometry(base.Geometry):
 
     @property
     def ln_x_eps(self) -> float:
-        """ln_x (GroupNorm per head) eps: 1e-5 * head_size_divisor**2 = 64e-5 for head_size_divisor 8
-        (BlinkDL's x060 writes 64e-5 literally; the HF remote code 1e-5 * 8**2)."""
-        return self.norm_eps * self.head_dim
+        """ln_x (GroupNorm per head) eps: :func:`ln_x_eps` of this geometry's head_size_divisor."""
+        return ln_x_eps(self.head_size_divisor)
+
+    def as_dict(self) -> dict:
+        """The record's geometry; head_size_divisor only when it is not the official 8, so that the
+        records of every model with the official divisor stay what they were."""
+        d = super().as_dict()
+        if d["head_size_divisor"] == HEAD_SIZE_DIVISOR:
+            del d["head_size_divisor"]
+        return d
 
     def check(self, where: str | Path = "config") -> "Geometry":
         for f in fields(self):
@@ -133,9 +155,10 @@ def geometry_from_dict(d: Mapping) -> Geometry:
 def geometry_from_config(cfg, where: str | Path) -> Geometry:
     """config.json of the HF remote-code layout. Keys: hidden_size, num_hidden_layers, vocab_size,
     head_size (64), intermediate_size (null -> int(hidden*3.5)//32*32, as that code derives it),
-    layer_norm_epsilon (1e-5), head_size_divisor (8: ln_x eps = 1e-5 * 8**2), attention_hidden_size
-    (must equal hidden_size); LoRA widths from time_mix_extra_dim / time_decay_extra_dim when
-    present, else the remote code's rule (doubled at hidden 4096)."""
+    layer_norm_epsilon (1e-5: the LayerNorms' eps only), head_size_divisor (8; ln_x eps = 1e-5 *
+    head_size_divisor**2 whatever head_size is, :func:`ln_x_eps`), attention_hidden_size (must equal
+    hidden_size); LoRA widths from time_mix_extra_dim / time_decay_extra_dim when present, else the
+    remote code's rule (doubled at hidden 4096)."""
     r = HParams(cfg, where, "use the config.json of an RWKV-6 checkpoint in the RWKV/v6-Finch-*-HF layout")
     if cfg.get("model_type") != HF_MODEL_TYPE:
         raise PipelineError(where, f"model_type is {cfg.get('model_type')!r}, not {HF_MODEL_TYPE!r}",
@@ -146,18 +169,14 @@ def geometry_from_config(cfg, where: str | Path) -> Geometry:
     if r.whole("attention_hidden_size", default=hidden) != hidden:
         raise PipelineError(where, f"attention_hidden_size {cfg['attention_hidden_size']} differs from hidden_size "
                             f"{hidden}", "only RWKV-6 models with attention_hidden_size == hidden_size are supported")
-    divisor = r.whole("head_size_divisor", default=8)
-    if divisor * divisor != head:
-        # ln_x eps is 1e-5 * divisor**2 in the HF code and norm_eps * head_dim here: they agree only then
-        raise PipelineError(where, f"head_size_divisor {divisor} gives ln_x eps 1e-5*{divisor}^2, not head_size*1e-5",
-                            "only head_size_divisor**2 == head_size (8 for head size 64) is supported")
+    divisor = r.whole("head_size_divisor", default=HEAD_SIZE_DIVISOR)  # the remote code's ln_x eps, taken as written
     default_ffn = int((hidden * 3.5) // 32 * 32)
     return Geometry(
         layers=r.whole("num_hidden_layers"), hidden=hidden, ffn=r.whole("intermediate_size", default=default_ffn),
         vocab=r.whole("vocab_size"), head_dim=head,
         mix_lora=r.whole("time_mix_extra_dim", default=64 if hidden == 4096 else 32),
         decay_lora=r.whole("time_decay_extra_dim", default=128 if hidden == 4096 else 64),
-        norm_eps=eps,
+        norm_eps=eps, head_size_divisor=divisor,
     ).check(where)
 
 
@@ -171,7 +190,7 @@ def config_json(g: Geometry) -> dict:
         "model_type": HF_MODEL_TYPE,
         "attention_hidden_size": g.hidden,
         "head_size": g.head_dim,
-        "head_size_divisor": int(round(math.sqrt(g.head_dim))),
+        "head_size_divisor": g.head_size_divisor,
         "hidden_size": g.hidden,
         "intermediate_size": g.ffn,
         "layer_norm_epsilon": g.norm_eps,

@@ -10,7 +10,8 @@ tricks; the math as BlinkDL's x060 RNN mode writes it (rwkv 0.8.32 ``att_one_v6_
   x_m = x + (x_prev - x)*(maa_m + m_m);
 * decay w = exp(-exp(time_decay + tanh(x_w Wd1) Wd2)) (D_DECAY);
 * per head, state S [K,V]: out = r·(u⊙k vᵀ + S), then S = k vᵀ + w⊙S (u = time_faaaa);
-* ln_x: GroupNorm over heads with eps = head_dim * 1e-5 (64e-5); out * silu(gate) -> output;
+* ln_x: GroupNorm over heads with eps = 1e-5 * head_size_divisor**2 (64e-5 at the official divisor 8,
+  whatever the head size: geometry.ln_x_eps); out * silu(gate) -> output;
 * channel mix: sigmoid(receptance x_r) * value(relu(key x_k)²).
 
 The three pieces a broken copy may replace (tests do, to show the official comparison catches
