@@ -22,8 +22,8 @@ ORIGINS += ["--config"] if workflow.config_settings.config else []
 CONFIG_FILE = exit_on_error(
     lambda: cfgmod.write_effective(cfgmod.validate(config, " + ".join(ORIGINS)), ORIGINS, STATE_DIR)
 )
-# content digest of the code each stage runs (its module and imports, and its model's family folder):
-# a change reruns that stage, for the models of that family only
+# content digest of the code each stage runs (its module and imports, its model's family folder and
+# tokenizer kind): a change reruns that stage, for the models of that family (or kind) only
 CODE = {}
 RES = config["results"]
 exit_on_error(lambda: fsutil.check_writable(RES))  # a read-only results/ is one line, before any job
@@ -47,10 +47,12 @@ def code(rule):
     """params: the digest of the code the rule's stage runs for this job's model (fingerprint.py)."""
 
     def digest(w):
-        family = config["models"][w.model]["family"] if "model" in w.keys() else None
-        key = (rule, family)
+        model = config["models"][w.model] if "model" in w.keys() else None
+        family = model["family"] if model else None
+        kind = families.tokenizer_of(model) if model else None  # models.<m>.tokenizer, else the family's
+        key = (rule, family, kind)
         if key not in CODE:
-            CODE[key] = fingerprint.digest(rule, family)
+            CODE[key] = fingerprint.digest(rule, family, kind)
         return CODE[key]
 
     return digest

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from recurrent_coreai.util.errors import PipelineError
 
@@ -28,6 +28,14 @@ def get(name: str, where: str | Path = "config.yaml"):
         raise PipelineError(where, f"unknown model family {name!r}",
                             f"use one of {', '.join(available())} (models.<name>.family)")
     return importlib.import_module(f"{__name__}.{name}").FAMILY
+
+
+def tokenizer_of(model: Mapping, where: str | Path = "config.yaml") -> str:
+    """The tokenizer kind of a model (a key of ``tokenizers.KINDS``): its own ``tokenizer``
+    (config.yaml ``models.<m>.tokenizer``), else its family's default (``Family.tokenizer``).
+    ``model`` is the model's config, or any record holding its ``family`` (and ``tokenizer`` where
+    set: the publish receipt). Every caller that picks a tokenizer kind asks this."""
+    return model.get("tokenizer") or get(model["family"], where).tokenizer
 
 
 def detect(names: Iterable[str]) -> list[tuple[str, str]]:

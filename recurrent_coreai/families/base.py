@@ -20,7 +20,8 @@ converter classes and optimum's per-model export configs):
   state buffers, each state written exactly once per call;
 * **state specs** -- names, shapes and meanings (export.json records names and shapes; the card
   and catalog show the meanings);
-* **the tokenizer kind** (a key of ``tokenizers.KINDS``: ``world``, ``hf-bpe``, ``sp-bpe``), **quantisation roles**, **card rows** and the
+* **the tokenizer kind** (a key of ``tokenizers.KINDS``: ``world``, ``hf-bpe``, ``sp-bpe``; the default of its models,
+  which may name another, ``bytes`` included: ``families.tokenizer_of``), **quantisation roles**, **card rows** and the
   sources coreai doctor lints.
 """
 
@@ -161,7 +162,7 @@ class Family(abc.ABC):
     name: ClassVar[str]                      # registry key, config's models.<m>.family
     display_name: ClassVar[str]              # e.g. "RWKV-7 (x070)"
     catalog_family: ClassVar[str]            # coreai-catalog's `family` (e.g. "RWKV", "Mamba")
-    tokenizer: ClassVar[str]                 # tokenizer kind: a key of tokenizers.KINDS
+    tokenizer: ClassVar[str]                 # its models' default tokenizer kind: a key of tokenizers.KINDS
     layouts: ClassVar[tuple[str, ...]]       # accepted checkpoint layouts; [0] is the normal form
     synthetic_layouts: ClassVar[tuple[str, ...]]  # layouts a synthetic source may be written in
     hf_model_types: ClassVar[tuple[str, ...]]     # config.json model_type values it accepts
@@ -316,7 +317,7 @@ class Family(abc.ABC):
     def card_rows(self, geom: Geometry) -> list[tuple[str, str]]:
         """The card's architecture table: (label, value) rows."""
 
-    min_vocab: ClassVar[int] = 1             # the smallest vocab its tokenizer's ids fit in (config check)
+    # (the smallest vocab a tokenizer's ids fit in follows the model's kind: tokenizers.kind(k).MIN_VOCAB)
     vocab_tensors: ClassVar[tuple[str, ...]] = ()  # normal-form tensors indexed by token id (embedding, head)
 
     def vocab_rows(self, geom: Geometry) -> dict[str, int]:
@@ -326,6 +327,17 @@ class Family(abc.ABC):
             raise NotImplementedError(f"family {self.name}: set vocab_tensors (its embedding and head tensors)")
         shapes = self.normal_shapes(geom)
         return {name: shapes[name][0] for name in self.vocab_tensors}
+
+    def original_name(self, layout: str, normal: str) -> str:
+        """The name a checkpoint in ``layout`` stores the normal-form tensor ``normal`` under (a
+        message about a checkpoint names its own tensors: ``emb.weight`` of a BlinkDL .pth, not
+        the normal form's name): the family's ``layouts.original_name``."""
+        return self._own("layouts", "original_name")(layout, normal)
+
+    def stored_vocab_rows(self, geom: Geometry, layout: str) -> dict[str, int]:
+        """:meth:`vocab_rows` keyed by the names a checkpoint in ``layout`` stores them under (the
+        source stage's fit check names the file's own tensors)."""
+        return {self.original_name(layout, name): rows for name, rows in self.vocab_rows(geom).items()}
     card_summary: ClassVar[str] = ""         # the card's paragraph on the architecture
     export_sources: ClassVar[tuple[str, ...]] = ()  # repo-relative files coreai doctor lints
 

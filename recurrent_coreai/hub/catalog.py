@@ -93,7 +93,7 @@ def _devices(targets: set[str]) -> dict:
             "mac_only": False if ios else "unknown"}
 
 
-def io_contract(family, exports: dict[str, dict], tokenizer_ref: str | None) -> dict:
+def io_contract(family, exports: dict[str, dict], tokenizer_ref: str | None, tokenizer: str | None = None) -> dict:
     """The functions (export.json ``functions``: name, role, inputs and outputs with shapes) and
     the states they share (their meanings from the model's ``family``); every recipe has the same
     interface, only the dtype follows it."""
@@ -106,7 +106,7 @@ def io_contract(family, exports: dict[str, dict], tokenizer_ref: str | None) -> 
               for fn, f in functions.items() for t in f["inputs"]]
     once = [fn for fn, f in functions.items() if set(f["state_writes"].values()) == {1}]
     layouts = {s.name: s.meaning for s in family.state_specs(family.geometry_from_dict(first["geometry"]))}
-    tok = tokenizers.kind(family.tokenizer)
+    tok = tokenizers.kind(tokenizer or family.tokenizer)  # the model's kind (families.tokenizer_of)
     inputs += [{"name": name, "modality": "state",
                 "tensor": {"shape": list(shape), "dtype": " or ".join(dtypes) + " (the recipe's)",
                            "layout": f"{layouts.get(name, name)}; zero at the start, read and written once per "
@@ -186,7 +186,7 @@ def entries(out: Path, today: dt.date | None = None) -> dict | None:
         "status": "needs_review", "maturity": "experimental", "confidence": "needs_review",
         "sources": ["rwkv-upstream"], "last_verified": (today or dt.date.today()).isoformat(),
         "architecture": "recurrent", "streaming": True, "bundle_kind": "llm",
-        "io_contract": io_contract(family, exports, vocab),
+        "io_contract": io_contract(family, exports, vocab, families.tokenizer_of(receipt)),
         "notes": (f"{family.display_name} built by {DISTRIBUTION} {tool_version}: every bundle passed a teacher-forced parity "
                   f"gate against an fp32 PyTorch reference ({'; '.join(_gate_line(r, g) for r, g in receipt['gates'].items())}). "
                   f"Recurrent: {len(first['states'])} fixed-size states, no KV cache."),

@@ -179,14 +179,21 @@ def _refuse_shared_publish_repos(models: dict, where: str) -> None:
 
 
 def check_family(name: str, model: dict, where: str) -> None:
-    """``models.<name>.family`` is a registered family, and a synthetic source's ``shape`` and
-    ``layout`` are ones that family accepts (the family checks its own geometry)."""
-    from recurrent_coreai import families
+    """``models.<name>.family`` is a registered family, ``tokenizer_eos`` is set only for the
+    ``bytes`` tokenizer kind, and a synthetic source's ``shape`` and ``layout`` are ones that family
+    accepts (the family checks its own geometry; its vocab holds the model's tokenizer kind's ids)."""
+    from recurrent_coreai import families, tokenizers
 
     try:
         family = families.get(model["family"], where)
     except PipelineError as exc:
         raise PipelineError(where, f"models/{name}/family: {exc.what}", exc.fix) from None
+    kind = families.tokenizer_of(model, where)  # the schema allows only tokenizers.KINDS
+    if model.get(tokenizers.EOS_KEY) is not None and kind != "bytes":
+        raise PipelineError(where, f"models/{name}/{tokenizers.EOS_KEY} is set, but the model's tokenizer is {kind}, "
+                            "whose end of text is its own (World: token 0; the BPE kinds: the checkpoint's "
+                            "tokenizer_config.json)", f"remove {tokenizers.EOS_KEY}, or set models/{name}/tokenizer: "
+                            "bytes if the model is byte-level")
     src = model["source"]
     if src["kind"] != "synthetic":
         return
@@ -194,10 +201,12 @@ def check_family(name: str, model: dict, where: str) -> None:
         geom = family.geometry_from_shape(src["shape"], where)
     except PipelineError as exc:
         raise PipelineError(where, f"models/{name}/{exc.what}", exc.fix) from None
-    if getattr(geom, "vocab", family.min_vocab) < family.min_vocab:
+    least = tokenizers.kind(kind).MIN_VOCAB  # the model's kind's ids (bytes 256, World 65530)
+    if getattr(geom, "vocab", least) < least:
         raise PipelineError(where, f"models/{name}/source/shape/vocab {geom.vocab} is smaller than the "
-                            f"{family.tokenizer} tokenizer's {family.min_vocab} ids",
-                            f"use vocab >= {family.min_vocab} (65536 for the World vocabulary)")
+                            f"{kind} tokenizer's {least} ids",
+                            f"use vocab >= {least}" + (" (65536 for the World vocabulary)" if kind == "world" else "")
+                            + f", or set models/{name}/tokenizer to the kind the model was trained with")
     layout = src.get("layout", family.layouts[0])
     if layout not in family.synthetic_layouts:
         raise PipelineError(where, f"models/{name}/source/layout {layout!r} is not one family {family.name} writes",
@@ -306,10 +315,15 @@ def target(cfg: dict, name: str) -> dict:
 # because model names may hold dots.
 STAGE_KEYS: dict[str, list[tuple[str, ...]]] = {
     "toolchain": [],
-    "source": [("models", "{model}", "family"), ("models", "{model}", "source"), ("models", "{model}", "license"),
-               ("vocab",)],
-    "vocab": [("models", "{model}", "family"), ("vocab",)],
-    "reference": [("models", "{model}", "family"), ("gate", "prompts"), ("gate", "steps"), ("prefill",)],
+    # the tokenizer kind (models.<m>.tokenizer, default the family's: families.tokenizer_of) picks the
+    # source's tokenizer files and fit check, the vocab stage's bake and the reference's prompts; the
+    # bytes kind's end of text (tokenizer_eos) is the vocab stage's alone (its output carries it on)
+    "source": [("models", "{model}", "family"), ("models", "{model}", "tokenizer"), ("models", "{model}", "source"),
+               ("models", "{model}", "license"), ("vocab",)],
+    "vocab": [("models", "{model}", "family"), ("models", "{model}", "tokenizer"), ("models", "{model}", "tokenizer_eos"),
+              ("vocab",)],
+    "reference": [("models", "{model}", "family"), ("models", "{model}", "tokenizer"), ("gate", "prompts"),
+                  ("gate", "steps"), ("prefill",)],
     "export": [("models", "{model}", "family"), ("recipes", "{recipe}"), ("models", "{model}", "dir"),
                ("models", "{model}", "shipped"), ("prefill", "chunk")],
     "aot": [("targets", "{target}"), ("aot",), ("models", "{model}", "dir"), ("models", "{model}", "shipped")],

@@ -108,7 +108,8 @@ def dvc_stages(jobs: list[dict], cfg: dict) -> dict:
         w = job["wildcards"]
         stage = {"cmd": " ".join(job["cmd"].split()), "deps": list(job["deps"])}
         # Snakemake sees the same through params: code
-        stage["deps"] += [f for f in code_files(job["rule"], family_of(job, cfg)) if f not in stage["deps"]]
+        stage["deps"] += [f for f in code_files(job["rule"], family_of(job, cfg), tokenizer_of(job, cfg))
+                          if f not in stage["deps"]]
         params = param_keys(job["rule"], w, cfg)
         if params:
             stage["params"] = [{DEFAULT_FILE: params}]
@@ -152,6 +153,14 @@ def family_of(job: dict, cfg: dict) -> str | None:
     return cfg["models"][model]["family"] if model is not None else None
 
 
+def tokenizer_of(job: dict, cfg: dict) -> str | None:
+    """The tokenizer kind of the job's model (``families.tokenizer_of``; None without a model)."""
+    from recurrent_coreai import families
+
+    model = job["wildcards"].get("model")
+    return families.tokenizer_of(cfg["models"][model]) if model is not None else None
+
+
 def drift(jobs: list[dict], index: dict[str, dict], cfg: dict) -> list[str]:
     """Differences between Snakemake's jobs and DVC's stages (empty = in agreement)."""
     problems = []
@@ -164,7 +173,7 @@ def drift(jobs: list[dict], index: dict[str, dict], cfg: dict) -> list[str]:
         job, st = want[name], index[name]
         if " ".join(job["cmd"].split()) != " ".join(str(st["cmd"]).split()):
             problems.append(f"stage {name}: cmd differs")
-        deps = sorted(set(job["deps"] + code_files(job["rule"], family_of(job, cfg))))
+        deps = sorted(set(job["deps"] + code_files(job["rule"], family_of(job, cfg), tokenizer_of(job, cfg))))
         if deps != sorted(st["deps"]):
             problems.append(f"stage {name}: deps {st['deps']} != inputs {deps}")
         if sorted(job["outs"]) != st["outs"]:

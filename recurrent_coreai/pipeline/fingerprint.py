@@ -7,10 +7,13 @@ the card (and what depends on it), editing the reference stage reruns the refere
 publish stage, below) — and nothing else does.
 
 Families are imported by name at run time (``families.get(name)``), which no ``import`` statement
-shows: a stage that runs a family's code (:data:`FAMILY_RULES`) gets that family's folder and its
-tokenizer kind's module (also loaded by name) in its fingerprint through :func:`digest` with
-``family=``. So editing ``families/rwkv7/`` reruns the
-RWKV-7 models' stages that use family code and nothing of another family's models.
+shows: a stage that runs a family's code (:data:`FAMILY_RULES`) gets that family's folder in its
+fingerprint through :func:`digest` with ``family=``; a stage that loads the model's tokenizer kind
+(:data:`TOKENIZER_RULES`; also loaded by name: ``tokenizers.kind``) gets that kind's module,
+``tokenizer=`` (the model's ``families.tokenizer_of``; default the family's). So editing
+``families/rwkv7/`` reruns the RWKV-7 models' stages that use family code and nothing of another
+family's models, and editing ``tokenizers/bytes.py`` the stages of the byte-level models that use
+their tokenizer.
 
 The publish stage attests the code that built each bundle (hub/provenance.py records
 :func:`attested`: a digest per rule), so its own fingerprint covers all of that code: editing any
@@ -43,6 +46,8 @@ DATA = {"stages.card": ("templates/model_card.md.j2",), "stages.report": ("templ
         "pipeline.config": ("schemas/*.yaml",)}
 # rules whose stage runs a family's code (loaded by name through the registry)
 FAMILY_RULES = frozenset({"source", "vocab", "reference", "export", "doctor", "card", "stage_and_push"})
+# rules whose stage loads the model's tokenizer kind (by name: tokenizers.kind); export and doctor do not
+TOKENIZER_RULES = frozenset({"source", "vocab", "reference", "card", "stage_and_push"})
 # the rules whose code built what the publish stage stages and attests (hub/provenance.py)
 ATTESTED = ("toolchain", "source", "vocab", "reference", "export", "aot", "gate_shard", "gate", "doctor", "card")
 
@@ -114,21 +119,21 @@ def modules(rule: str) -> tuple[str, ...]:
     return module_closure(ENTRY[rule][1])
 
 
-def tokenizer_module(family: str) -> str:
-    """The tokenizer kind module ``family`` uses: loaded by name too (``tokenizers.kind``)."""
+def tokenizer_module(family: str, tokenizer: str | None = None) -> str:
+    """The module of tokenizer kind ``tokenizer`` (a model's: ``families.tokenizer_of``; None: the
+    family's default): loaded by name too (``tokenizers.kind``)."""
     from recurrent_coreai import families, tokenizers
 
-    return f"tokenizers.{tokenizers.KINDS[families.get(family).tokenizer]}"
+    return f"tokenizers.{tokenizers.KINDS[tokenizer or families.get(family).tokenizer]}"
 
 
 def family_modules(family: str) -> tuple[str, ...]:
-    """Every module of ``families/<family>/``, its tokenizer kind's, and what they import (the
-    shared layers)."""
+    """Every module of ``families/<family>/`` and what they import (the shared layers)."""
     folder = PACKAGE / "families" / family
     start = sorted(f"families.{family}." + p.relative_to(folder).with_suffix("").as_posix().replace("/", ".")
                    for p in folder.rglob("*.py") if p.name != "__init__.py")
     found: set[str] = set()
-    for m in [f"families.{family}", *start, tokenizer_module(family)]:
+    for m in [f"families.{family}", *start]:
         found |= set(module_closure(m))
     return tuple(sorted(found))
 
@@ -137,14 +142,17 @@ def _file_of(module: str) -> str:
     return _path(module).relative_to(ROOT).as_posix()
 
 
-def code_files(rule: str, family: str | None = None) -> list[str]:
+def code_files(rule: str, family: str | None = None, tokenizer: str | None = None) -> list[str]:
     """Repository-relative paths of everything the rule's stage runs; with ``family``, also that
-    family's folder (for the rules of :data:`FAMILY_RULES`). The publish stage's include the code
-    of every rule it attests (:data:`ATTESTED`)."""
+    family's folder (for the rules of :data:`FAMILY_RULES`) and the model's tokenizer kind's module
+    (``tokenizer``, default the family's; for the rules of :data:`TOKENIZER_RULES`). The publish
+    stage's include the code of every rule it attests (:data:`ATTESTED`)."""
     files = {f"scripts/{ENTRY[rule][0]}.py"}
     if rule == "stage_and_push":
-        files |= {f for other in ATTESTED for f in code_files(other, family)}
+        files |= {f for other in ATTESTED for f in code_files(other, family, tokenizer)}
     mods = set(modules(rule))
+    if family is not None and rule in TOKENIZER_RULES:
+        mods |= set(module_closure(tokenizer_module(family, tokenizer)))
     if family is not None and rule in FAMILY_RULES:
         mods |= set(family_modules(family))
         folder = PACKAGE / "families" / family
@@ -158,33 +166,38 @@ def code_files(rule: str, family: str | None = None) -> list[str]:
     return sorted(files)
 
 
-def digest(rule: str, family: str | None = None) -> str:
+def digest(rule: str, family: str | None = None, tokenizer: str | None = None) -> str:
     """sha256 over the contents of :func:`code_files` (what Snakemake's params hold)."""
     h = hashlib.sha256()
-    for rel in code_files(rule, family):
+    for rel in code_files(rule, family, tokenizer):
         h.update(rel.encode() + b"\0" + (ROOT / rel).read_bytes() + b"\0")
     return h.hexdigest()
 
 
-def attested(family: str) -> dict[str, str]:
-    """{rule: :func:`digest`} of the code that built and staged a model of ``family``: what each
-    bundle's provenance statement attests (hub/provenance.py)."""
-    return {rule: digest(rule, family) for rule in (*ATTESTED, "stage_and_push")}
+def attested(family: str, tokenizer: str | None = None) -> dict[str, str]:
+    """{rule: :func:`digest`} of the code that built and staged a model of ``family`` with tokenizer
+    kind ``tokenizer`` (default the family's): what each bundle's provenance statement attests
+    (hub/provenance.py)."""
+    return {rule: digest(rule, family, tokenizer) for rule in (*ATTESTED, "stage_and_push")}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Print a rule's code digest (``--files``: and the files it covers)."""
     import argparse
 
+    from recurrent_coreai.tokenizers import KINDS
+
     ap = argparse.ArgumentParser(prog="python -m recurrent_coreai.pipeline.fingerprint",
                                  description="the code digest of a stage, as provenance statements record it")
     ap.add_argument("rule", choices=sorted(ENTRY))
     ap.add_argument("--family", help="the model's family (for the rules that run family code)")
+    ap.add_argument("--tokenizer", choices=sorted(KINDS), help="the model's tokenizer kind, where it names one (models.<m>.tokenizer; "
+                    "default the family's)")
     ap.add_argument("--files", action="store_true", help="list the files the digest covers")
     ns = ap.parse_args(argv)
-    print(digest(ns.rule, ns.family))
+    print(digest(ns.rule, ns.family, ns.tokenizer))
     if ns.files:
-        print("\n".join(code_files(ns.rule, ns.family)))
+        print("\n".join(code_files(ns.rule, ns.family, ns.tokenizer)))
     return 0
 
 

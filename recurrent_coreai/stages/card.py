@@ -142,7 +142,7 @@ def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dic
         targets.append({"name": t, "suffix": suffix, "what": what})
     base_model = source_manifest["source"]["uri"].removeprefix("hf://") if source_manifest["source"]["kind"] == "hf" else None
     family = families.get(mcfg["family"])
-    tok = tokenizers.kind(family.tokenizer)
+    tok = tokenizers.kind(families.tokenizer_of(mcfg))
     tags = [TAGS[0], *family.tags, *TAGS[1:]]
     front = {"license": source_license(source_dir, mcfg.get("license")), "library_name": "coreai",
              "pipeline_tag": "text-generation", "tags": tags}

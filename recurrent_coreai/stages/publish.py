@@ -21,6 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+from recurrent_coreai import families
 from recurrent_coreai.hub import catalog
 from recurrent_coreai.pipeline import stage
 from recurrent_coreai.stages import derivation
@@ -189,7 +190,7 @@ def stage_tree(out: Path, card: Path, vocab: Path, exports: list[Path], aots: li
             raise PipelineError(out / bad, "changed while it was staged (it differs from what its stage recorded)",
                                 "stage again: snakemake --cores 1 publish --forcerun stage_and_push")
         targets = sorted({rel.split("/")[0] for rel in folders} - {"aimodel"})
-        code = fingerprint.attested(meta["family"])
+        code = fingerprint.attested(meta["family"], families.tokenizer_of(meta))
         attested = {rel: provenance.attest(tmp, rel, export_record=records[r], gate=results[r],
                                            source_manifest=source_manifest, code=code,
                                            targets=targets if rel.startswith("aimodel/") else [rel.split("/")[0]],
@@ -311,6 +312,8 @@ def main(argv=None) -> int:
                f"@{manifest['source']['revision'] or 'local'}; coreai-core {versions['coreai-core']}, "
                f"coreai-torch {versions['coreai-torch']}, torch {versions['torch']}")
     meta = {"model": ns.model, "family": m["family"], "repo": m["publish"]["repo"], "source": manifest["source"],
+            # the model's own tokenizer kind, where it names one (the catalog reads it: families.tokenizer_of)
+            **({"tokenizer": m["tokenizer"]} if m.get("tokenizer") else {}),
             "tokenizer_files": sorted(read_vocab(Path(ns.vocab))),
             "toolchain": versions, "commit_message": message, "push": {"pushed": False, "reason": why}}
     # every derived record it stages, against what it is derived from (a record edited and sealed

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recurrent_coreai import tokenizers
+from recurrent_coreai import families, tokenizers
 from recurrent_coreai.checkpoints.reader import load_checkpoint
 from recurrent_coreai.coreai.entrypoints import split_prompt
 from recurrent_coreai.pipeline import stage
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     family, source = family_and_source(s, ns.model, ns.source)
     read_vocab(Path(ns.vocab))  # the bytes the vocab stage recorded
-    tok = tokenizers.kind(family.tokenizer).load(Path(ns.vocab))
+    tok = tokenizers.kind(families.tokenizer_of(s["models"][ns.model])).load(Path(ns.vocab))
     stream = reference_stream(family, source, tok, s["gate"]["prompts"], s["gate"]["steps"],
                               origin(cfg), s["prefill"])
     with atomic_path(ns.out) as tmp:

@@ -36,10 +36,11 @@ def _manifest_of(files: list[Path], base: Path) -> dict[str, dict]:
             for f in sorted(set(files))}
 
 
-def _write_from_dir(family, src: Path, out: Path, tok_settings: dict) -> dict:
+def _write_from_dir(family, tok, src: Path, out: Path, tok_settings: dict) -> dict:
     """Check an HF-layout directory (or a weights file) and copy it into ``out`` with its weights
-    normalised to one model.safetensors; returns manifest parts. ``upstream`` lists exactly the
-    files read: the weights, the shard index, config.json and the carried files."""
+    normalised to one model.safetensors; returns manifest parts. ``tok``: the model's tokenizer kind
+    (module). ``upstream`` lists exactly the files read: the weights, the shard index, config.json
+    and the carried files."""
     ck = reader.write_normalized(src, out / reader.WEIGHT_FILE, family)  # one tensor at a time
     base = src if src.is_dir() else src.parent
     carried = [base / name for name in CARRY if (base / name).is_file()]
@@ -47,14 +48,14 @@ def _write_from_dir(family, src: Path, out: Path, tok_settings: dict) -> dict:
         front_matter(base / "README.md")
     for f in carried:
         _copy(f, out / f.name)
-    carried += tokenizers.kind(family.tokenizer).carry(base, out, tok_settings)
+    carried += tok.carry(base, out, tok_settings)
     if not (out / "config.json").is_file():
         (out / "config.json").write_text(dumps_json(family.config_json(ck.geometry)))
     return {"upstream": _manifest_of(ck.inputs + carried, base), "layout": ck.layout,
             "geometry": ck.geometry.as_dict()}
 
 
-def _write_synthetic(family, spec: dict, tok_settings: dict, out: Path, license_: str) -> dict:
+def _write_synthetic(family, tok, spec: dict, tok_settings: dict, out: Path, license_: str) -> dict:
     geom = family.geometry_from_shape(spec["shape"], "config.yaml")
     layout = spec.get("layout", family.layouts[0])
     if layout not in family.synthetic_layouts:
@@ -70,8 +71,9 @@ def _write_synthetic(family, spec: dict, tok_settings: dict, out: Path, license_
                 (Path(raw) / "config.json").write_text(dumps_json(family.config_json(geom)))
             reader.write_normalized(Path(raw), out / reader.WEIGHT_FILE, family)
     (out / "config.json").write_text(dumps_json(family.config_json(geom)))
-    # a synthetic tokenizer (hf-bpe, sp-bpe) is made for the model's vocabulary size; the World one is pinned
-    tokenizers.kind(family.tokenizer).source_files(out, {**tok_settings, "vocab_size": geom.vocab})
+    # a synthetic tokenizer (hf-bpe, sp-bpe) is made for the model's vocabulary size; the World one is
+    # pinned; the byte-level table is fixed (no files)
+    tok.source_files(out, {**tok_settings, "vocab_size": geom.vocab})
     front = yaml.safe_dump({"license": license_, "pipeline_tag": "text-generation"}, sort_keys=True, allow_unicode=True)
     (out / "README.md").write_text(
         f"---\n{front}---\n\n"
@@ -83,31 +85,36 @@ def _write_synthetic(family, spec: dict, tok_settings: dict, out: Path, license_
 def build_source(model_name: str, model_cfg: dict, vocab_cfg: dict, out: Path) -> dict:
     """Write ``out`` (atomically) and return its manifest. ``vocab_cfg``: the tokenizer settings
     (config.yaml ``vocab:``, the pinned World vocabulary); a checkpoint's own tokenizer pin
-    (``source.tokenizer_sha256``) joins them."""
+    (``source.tokenizer_sha256``) joins them. The tokenizer kind is the model's
+    (``families.tokenizer_of``: ``models.<m>.tokenizer``, else the family's)."""
     family = families.get(model_cfg["family"])
+    tok = tokenizers.kind(families.tokenizer_of(model_cfg))
     spec = model_cfg["source"]
     kind = spec["kind"]
     tok_settings = {**vocab_cfg, tokenizers.PIN: spec.get(tokenizers.PIN)}
     with atomic_path(out, directory=True) as tmp:
         if kind == "synthetic":
-            parts = _write_synthetic(family, spec, tok_settings, tmp, model_cfg.get("license", "apache-2.0"))
+            parts = _write_synthetic(family, tok, spec, tok_settings, tmp, model_cfg.get("license", "apache-2.0"))
             uri, revision, where = f"synthetic://{model_name}?seed={spec['seed']}", None, "config.yaml"
         elif kind == "path":
             src = Path(spec["path"])
             if not src.exists():
                 raise PipelineError(src, f"source path {why_missing(src)}", "fix models/<name>/source/path in config.yaml")
-            parts = _write_from_dir(family, src, tmp, tok_settings)
+            parts = _write_from_dir(family, tok, src, tmp, tok_settings)
             uri, revision, where = f"file://{src.resolve()}", None, src
         elif kind == "hf":
             snapshot = fetch_hf(spec["repo"], spec["revision"], spec.get("allow_patterns"))
-            parts = _write_from_dir(family, snapshot, tmp, tok_settings)
+            parts = _write_from_dir(family, tok, snapshot, tmp, tok_settings)
             uri, revision, where = f"hf://{spec['repo']}", snapshot.name, snapshot
         else:  # the schema makes this unreachable
             raise PipelineError("config.yaml", f"unknown source kind {kind!r}", "use synthetic, path or hf")
         # every id the tokenizer produces has a row in the embedding and the head (tokenizers/fit.py):
-        # here, the first stage that knows both, before any reference or export runs
-        rows = family.vocab_rows(family.geometry_from_dict(parts["geometry"]))
-        tokenizers.kind(family.tokenizer).fits(tmp, tok_settings, rows, where)
+        # here, the first stage that knows both, before any reference or export runs. A checkpoint's
+        # tensors are named as the file names them (emb.weight of a BlinkDL .pth), a synthetic's as the
+        # normal form
+        geom = family.geometry_from_dict(parts["geometry"])
+        rows = family.vocab_rows(geom) if kind == "synthetic" else family.stored_vocab_rows(geom, parts["layout"])
+        tok.fits(tmp, tok_settings, rows, where)
         manifest = {
             "model": model_name,
             "source": {"kind": kind, "uri": uri, "revision": revision},

@@ -61,6 +61,7 @@ EOS = "<|endoftext|>"   # the kind's default end of text and first token (tokeni
 SYNTHETIC_VOCAB_SIZE = 1024
 TOKENIZER_FILE = "tokenizer.json"
 DEVICE_FILE = "bpe_vocab.tsv"   # id \t base64(token bytes), ids ascending (special tokens: empty)
+MIN_VOCAB = 1   # ids are the tokenizer file's: checked against the model by fits (the source stage)
 CONFIG_FILE = "tokenizer_config.json"   # its eos_token / bos_token: the kind's settings (config_tokens)
 DEFAULTS = {"eos_token": EOS, "bos_token": EOS}
 CHAT = "User: {prompt}\n\nAssistant:"

@@ -84,6 +84,7 @@ SYNTHETIC_VOCAB_SIZE = 1024
 TOKENIZER_FILE = bpe.TOKENIZER_FILE
 CONFIG_FILE = bpe.CONFIG_FILE
 DEVICE_FILE = "spbpe_vocab.tsv"   # id \t base64(token bytes), ids ascending (special tokens: empty)
+MIN_VOCAB = 1   # ids are the tokenizer file's: checked against the model by fits (the source stage)
 CARRY = bpe.CARRY
 CHAT = bpe.CHAT
 DESCRIPTION = (f"SentencePiece-style BPE with byte fallback (Hugging Face tokenizer.json, Llama/Mistral style); "

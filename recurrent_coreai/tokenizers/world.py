@@ -24,6 +24,7 @@ VOCAB_FILE = "rwkv_vocab_v20230424.txt"  # the World vocab file as checkpoints (
 
 WORLD_VOCAB_SIZE = 65529
 ID_COUNT = WORLD_VOCAB_SIZE + 1  # ids 0 (end of text) .. 65529: a model needs a row for each
+MIN_VOCAB = ID_COUNT  # the smallest synthetic shape.vocab the World ids fit in (config check)
 
 # Strings the bake must round-trip through both tokenizers: the shared texts, then bytes that are
 # not UTF-8.

@@ -1,7 +1,8 @@
 """``python -m recurrent_coreai generate --model M --recipe R "prompt"``: talk to a built bundle.
 
 Loads the lowered bundle (``results/<m>/aot/universal/<r>/<bundle>.aimodelx``) in the Core AI
-runtime with the model's tokenizer (its family's kind, over ``results/<m>/vocab/``), feeds the chat
+runtime with the model's tokenizer (its kind, ``models.<m>.tokenizer`` or its family's, over
+``results/<m>/vocab/``), feeds the chat
 prompt (the tokenizer kind's format) and decodes — greedy by default, or seeded
 temperature / top-k / top-p sampling with a repetition penalty — until the end-of-text token, a
 stop string or ``--max-new-tokens``. Text streams to stdout as it is decoded and never splits a
@@ -243,9 +244,9 @@ def main(argv=None) -> int:
                             "(or leave --seed out for a fresh one)")
     sampler = Sampler(Sampling(ns.temperature, ns.top_k, ns.top_p, ns.repetition_penalty, ns.seed))
     stop = ns.stop if ns.stop is not None else ([] if ns.no_chat else list(DEFAULT_STOP))
-    family = families.get(cfgmod.model(cfg, ns.model)["family"], cfgmod.origin(cfg))
+    kind = families.tokenizer_of(cfgmod.model(cfg, ns.model), cfgmod.origin(cfg))
     session, tokenizer = open_bundle(Path(cfg["results"]), ns.model, ns.recipe, use_prefill=not ns.main_only,
-                                     tokenizer_kind=family.tokenizer, sampling=sampler.cfg)
+                                     tokenizer_kind=kind, sampling=sampler.cfg)
     try:
         prompt = chat_tokens(tokenizer, ns.prompt, chat=not ns.no_chat)
     except ValueError as exc:

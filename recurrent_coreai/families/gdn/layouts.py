@@ -97,6 +97,12 @@ def normalize(sd: Mapping[str, Any], geom: Geometry, where: str | Path) -> dict[
     return out
 
 
+def original_name(layout: str, normal: str) -> str:
+    """The name a checkpoint in ``layout`` stores the normal-form tensor ``normal`` under: the
+    same in every layout (a tied checkpoint's head is its embedding)."""
+    return EMBED if layout == TIED and normal == HEAD else normal
+
+
 def normal_parts(layout: str, name: str, tensor: Any) -> list[tuple[str, Any]]:
     """What one stored tensor becomes: itself; a zero ``attn.D`` nothing; a tied checkpoint's
     embedding also the head."""

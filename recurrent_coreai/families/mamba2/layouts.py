@@ -98,6 +98,12 @@ def normalize(sd: Mapping[str, Any], geom: Geometry, where: str | Path) -> dict[
     return out
 
 
+def original_name(layout: str, normal: str) -> str:
+    """The name a checkpoint in ``layout`` stores the normal-form tensor ``normal`` under (messages
+    about a file name its own tensors): the embedding's differs."""
+    return EMBED[layout] if normal == NORMAL_EMBED else normal
+
+
 def normal_parts(layout: str, name: str, tensor: Any) -> list[tuple[str, Any]]:
     """One stored tensor's normal-form name (the embedding's rename). Streaming needs more than
     this (:func:`normal_stream`): whether the head is tied is in config.json, not in a tensor's name."""

@@ -13,7 +13,6 @@ from typing import Mapping
 
 from recurrent_coreai.families import base
 from recurrent_coreai.families.rwkv7.geometry import Geometry, expected_shapes
-from recurrent_coreai.tokenizers import world
 
 HERE = Path(__file__).resolve().parent
 
@@ -34,7 +33,6 @@ class Rwkv7Family(base.Family):
     }
     tags = ("rwkv7", "rwkv", "linear-attention")
     max_chunk = 128  # chunked.MAX_CHUNK
-    min_vocab = world.ID_COUNT  # the World vocabulary's ids (0..65529) must all have a row
     vocab_tensors = ("model.embeddings.weight", "lm_head.weight")
     shape_keys = ("layers", "hidden", "head_dim", "ffn", "vocab", "decay_lora", "a_lora", "v_lora", "gate_lora")
     tiny_shape = {"layers": 2, "hidden": 64, "head_dim": 32, "ffn": 128, "vocab": 256, "decay_lora": 8, "a_lora": 8,

@@ -35,6 +35,16 @@ def detect_layout(names: Iterable[str]) -> str | None:
     return "fla-split"
 
 
+def original_name(layout: str, normal: str) -> str:
+    """The name a checkpoint in ``layout`` stores the normal-form tensor ``normal`` under (messages
+    about a file name its own tensors); a packed mixer's is its ``attn.x_x``."""
+    if layout == "blinkdl":
+        return blinkdl.original_name(normal)
+    if layout == "fla-packed" and re.fullmatch(r"model\.layers\.\d+\.attn\.x_[rwkvag]", normal):
+        return normal[:-len("x_r")] + "x_x"
+    return normal
+
+
 def unpack_mixers(sd: dict[str, torch.Tensor], where: str | Path) -> dict[str, torch.Tensor]:
     out = {}
     for name, t in sd.items():
