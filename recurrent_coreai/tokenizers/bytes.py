@@ -23,12 +23,14 @@ Shared layer: no family imports.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from pathlib import Path
 from typing import Mapping
 
 from recurrent_coreai.tokenizers import EOS_KEY, PIN, fit, round_trip
-from recurrent_coreai.tokenizers.world import read_tsv, tsv_text
+from recurrent_coreai.tokenizers.world import tsv_text
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.util.fsutil import atomic_path
 
@@ -115,6 +117,25 @@ class BytesTokenizer:
 
 
 # --- the device files, derived and verified ----------------------------------------------------------
+def read_tsv(path: Path) -> dict[int, bytes]:
+    """A device table (the World kind's format; ids from 0, ascending), each line checked."""
+    data = path.read_bytes()
+    if b"\r" in data or not data.endswith(b"\n"):
+        raise PipelineError(path, "does not end its lines with LF only", FIX)
+    vocab: dict[int, bytes] = {}
+    for lineno, line in enumerate(data.split(b"\n")[:-1], 1):
+        try:
+            sid, b64 = line.decode("ascii").split("\t")
+            token_id = int(sid)
+            vocab[token_id] = base64.b64decode(b64, validate=True)
+        except (ValueError, binascii.Error) as exc:
+            raise PipelineError(f"{path}:{lineno}", f"bad line ({exc})", FIX) from None
+        if token_id != lineno - 1:
+            raise PipelineError(f"{path}:{lineno}", f"holds id {token_id} where id {lineno - 1} belongs (ids 0, 1, 2 "
+                                "... in order)", FIX)
+    return vocab
+
+
 def verify_table(path: Path) -> int:
     """``path`` (a ``bytes_vocab.tsv``) holds exactly :func:`table`; else one line naming the
     first id that differs. Returns the entries."""
