@@ -231,8 +231,8 @@ MUTATIONS = {
     "decay sign": ("logw = -torch.exp(torch.tensor(-0.5", "logw = +torch.exp(torch.tensor(-0.5"),
     # the removal term of the delta rule added instead of subtracted
     "kk term sign": ("S - torch.outer(kka,", "S + torch.outer(kka,"),
-    # GroupNorm eps 1e-5 instead of head_dim * 1e-5 = 64e-5 (a subtle one)
-    "g_norm eps": ("eps=g.head_dim * g.norm_eps", "eps=g.norm_eps"),
+    # GroupNorm eps 1e-5 instead of BlinkDL's 64e-5 (a subtle one; geometry.G_NORM_EPS)
+    "g_norm eps": ("eps=g.g_norm_eps", "eps=g.norm_eps"),
     # the r·k·r_k bonus term left out
     "bonus dropped": ("o = o + bonus.reshape(-1)", "o = o + 0 * bonus.reshape(-1)"),
 }

@@ -106,11 +106,11 @@ def test_rwkv6_reference_matches_official_at_small_heads(r6_case, head_dim):
     g, sd, tokens, official = r6_case(head_dim)
     assert np.abs(official["wkv"]).max() > 0.1          # the state is exercised
     d = r6_deltas(R6.reference(sd, g), tokens, official)
-    ref_cls = type(R6.reference(sd, g))
-    old = type("OldRule", (ref_cls,), {"ln_x_eps": head_dim * g.norm_eps})   # head_size * 1e-5
-    d_old = r6_deltas(old(sd, g), tokens, official)
-    print(f"rwkv6 head {head_dim}: reference vs rwkv 0.8.32 x060 {d}; old rule (eps {head_dim}e-5) {d_old}")
+    print(f"rwkv6 head {head_dim}: reference vs rwkv 0.8.32 x060 {d}")
     assert all(v <= TOL for v in d.values()), d
+    old = type("OldRule", (type(R6.reference(sd, g)),), {"ln_x_eps": head_dim * g.norm_eps})   # head_size * 1e-5
+    d_old = r6_deltas(old(sd, g), tokens, official)
+    print(f"rwkv6 head {head_dim}: the earlier rule (eps {head_dim}e-5) {d_old}")
     assert not d_old["logits"] <= TOL, d_old            # the geometry really tells the two rules apart
 
 
@@ -120,7 +120,6 @@ def test_rwkv6_export_modules_match_official_at_small_heads(r6_case, head_dim):
     official logits: the eps reaches the exported graph, not just the reference."""
     g, sd, tokens, official = r6_case(head_dim)
     dec = R6.build_decode(sd, g, torch.float32)
-    assert dec.rwkv.blocks[0].attention.ln_x.eps == 64e-5
     zero = torch.zeros(1, 1, dtype=torch.int32)
     with torch.no_grad():
         logits = np.stack([dec(torch.tensor([[t]], dtype=torch.int32), zero)[0, 0].numpy() for t in tokens])
@@ -133,6 +132,7 @@ def test_rwkv6_export_modules_match_official_at_small_heads(r6_case, head_dim):
         d_pre = float(np.abs(last - official["logits"][T - 1]).max())
     print(f"rwkv6 head {head_dim}: decode module vs official {d_dec:.3g}, prefill ({T} tokens) {d_pre:.3g}")
     assert d_dec <= TOL and d_pre <= TOL, (d_dec, d_pre)
+    assert dec.rwkv.blocks[0].attention.ln_x.eps == 64e-5
 
 
 def test_rwkv6_written_config_reads_back(tmp_path):
@@ -171,3 +171,158 @@ def test_rwkv6_source_stage_output_reads_back(tmp_path):
     assert cfg["head_size_divisor"] == 8
     g = reader.load_geometry(R6, tmp_path / "source")
     assert g == R6.geometry_from_dict(manifest["geometry"]) and g.ln_x_eps == 64e-5
+
+
+# === RWKV-7 (x070): ln_x / g_norm eps ===============================================================
+R7 = get("rwkv7")
+
+# rwkv==0.8.32's x070 in a fresh interpreter (it reads RWKV_V7_ON at import; x060 needs it unset):
+# argv = model path without .pth, tokens json, output .npz
+RWKV7_WORKER = r"""
+import json, os, sys
+os.environ["RWKV_V7_ON"] = "1"
+os.environ["RWKV_JIT_ON"] = "0"
+os.environ["RWKV_CUDA_ON"] = "0"
+import numpy as np, torch
+torch.set_num_threads(1)
+from rwkv.model import RWKV
+model = RWKV(model=sys.argv[1], strategy="cpu fp32")
+assert type(model).__name__ == "RWKV_x070", type(model).__name__
+state, logits = None, []
+for t in json.loads(open(sys.argv[2]).read()):
+    out, state = model.forward([t], state)
+    logits.append(out.detach().float().numpy().copy())
+L = len(state) // 3
+np.savez(sys.argv[3], logits=np.stack(logits),
+         wkv=np.stack([state[3 * i + 1].float().numpy().transpose(0, 2, 1) for i in range(L)]))  # [H,V,K] -> [H,K,V]
+"""
+
+
+def _r7():
+    from recurrent_coreai.families.rwkv7 import geometry
+
+    return geometry
+
+
+def r7_geometry(head_dim: int):
+    return R7.geometry_from_shape({"layers": 2, "hidden": 64, "head_dim": head_dim, "ffn": 128, "vocab": 300,
+                                   "decay_lora": 8, "a_lora": 8, "v_lora": 8, "gate_lora": 16}, "test")
+
+
+def run_rwkv7_official(sd_normal: dict, tokens: list[int], tmp: Path) -> dict[str, np.ndarray]:
+    from recurrent_coreai.families.rwkv7 import blinkdl
+
+    torch.save(blinkdl.from_hf(sd_normal), tmp / "model.pth")
+    (tmp / "tokens.json").write_text(json.dumps(tokens))
+    (tmp / "worker.py").write_text(RWKV7_WORKER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RWKV_")}
+    env.update(OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, str(tmp / "worker.py"), str(tmp / "model"), str(tmp / "tokens.json"),
+                          str(tmp / "official.npz")], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return dict(np.load(tmp / "official.npz"))
+
+
+def r7_deltas(ref, tokens, official) -> dict[str, float]:
+    logits, state = ref.run(tokens)
+    return {"logits": float(np.abs(logits.float().numpy() - official["logits"]).max()),
+            "wkv": float(np.abs(state.wkv.float().numpy() - official["wkv"]).max())}
+
+
+@pytest.fixture(scope="module")
+def r7_case(tmp_path_factory):
+    cache: dict[int, tuple] = {}
+
+    def build(head_dim: int):
+        if head_dim not in cache:
+            g = r7_geometry(head_dim)
+            sd = dict(R7.synthetic_tensors(g, seed=13))
+            tokens = torch.randint(0, g.vocab, (N_TOKENS,), generator=torch.Generator().manual_seed(6)).tolist()
+            cache[head_dim] = (g, sd, tokens, run_rwkv7_official(sd, tokens, tmp_path_factory.mktemp(f"rwkv7-h{head_dim}")))
+        return cache[head_dim]
+
+    return build
+
+
+def test_rwkv7_g_norm_eps_rule():
+    """BlinkDL's 64e-5 for a synthetic shape and a BlinkDL .pth at every head size; fla's head_dim *
+    norm_eps only for an fla config.json that states no other value; at head size 64 the two are the
+    same float and nothing written or recorded changes (the rwkv7-tiny bundles are head 64)."""
+    geo = _r7()
+    assert geo.G_NORM_EPS == 64e-5 == geo.fla_g_norm_eps(64, 1e-5)
+    for h in (*HEADS, 64):
+        assert r7_geometry(h).g_norm_eps == 64e-5, h
+    # a BlinkDL .pth: the geometry off its tensors
+    g8 = r7_geometry(8)
+    sd = dict(R7.synthetic_tensors(g8, seed=1))
+    from recurrent_coreai.families.rwkv7 import blinkdl
+
+    shapes = {k: tuple(v.shape) for k, v in blinkdl.from_hf(sd).items()}
+    assert R7.geometry_from_tensors(shapes, "blinkdl", "model.pth").g_norm_eps == 64e-5
+    # fla's config.json: its own rule unless the file states the value
+    cfg = R7.config_json(g8)
+    assert cfg[geo.G_NORM_EPS_KEY] == 64e-5 and R7.geometry_from_config(cfg, "config.json") == g8
+    fla_cfg = {k: v for k, v in cfg.items() if k != geo.G_NORM_EPS_KEY}
+    assert R7.geometry_from_config(fla_cfg, "config.json").g_norm_eps == 8e-5
+    assert R7.geometry_from_config({**fla_cfg, "norm_eps": 1e-6}, "config.json").g_norm_eps == 8 * 1e-6
+    # head size 64: no extra key, no extra record field
+    g64 = r7_geometry(64)
+    assert geo.G_NORM_EPS_KEY not in R7.config_json(g64) and "g_norm_eps" not in g64.as_dict()
+    assert R7.geometry_from_config(R7.config_json(g64), "config.json") == g64
+    g32_fla = R7.geometry_from_config({**fla_cfg, "head_dim": 32, "num_heads": 2}, "config.json")
+    assert g32_fla.as_dict()["g_norm_eps"] == 32e-5 and R7.geometry_from_dict(g32_fla.as_dict()) == g32_fla
+
+
+@pytest.mark.parametrize("head_dim", HEADS)
+def test_rwkv7_reference_matches_official_at_small_heads(r7_case, head_dim):
+    import dataclasses
+
+    g, sd, tokens, official = r7_case(head_dim)
+    d = r7_deltas(R7.reference(sd, g), tokens, official)
+    print(f"rwkv7 head {head_dim}: reference vs rwkv 0.8.32 x070 {d}")
+    assert all(v <= TOL for v in d.values()), d
+    old = dataclasses.replace(g, g_norm_eps=head_dim * g.norm_eps)        # the earlier head_dim * norm_eps
+    d_old = r7_deltas(R7.reference(sd, old), tokens, official)
+    print(f"rwkv7 head {head_dim}: the earlier rule (eps {head_dim}e-5) {d_old}")
+    assert not d_old["logits"] <= TOL, d_old
+
+
+@pytest.mark.parametrize("head_dim", HEADS)
+def test_rwkv7_export_modules_match_official_at_small_heads(r7_case, head_dim):
+    g, sd, tokens, official = r7_case(head_dim)
+    dec = R7.build_decode(sd, g, torch.float32)
+    zero = torch.zeros(1, 1, dtype=torch.int32)
+    with torch.no_grad():
+        logits = np.stack([dec(torch.tensor([[t]], dtype=torch.int32), zero)[0, 0].numpy() for t in tokens])
+        d_dec = float(np.abs(logits - official["logits"]).max())
+        T = 16
+        pre = R7.build_prefill(R7.build_decode(sd, g, torch.float32), T)
+        ids = torch.tensor([tokens[:T]], dtype=torch.int32)
+        d_pre = float(np.abs(pre(ids, torch.zeros_like(ids))[0, 0].numpy() - official["logits"][T - 1]).max())
+    print(f"rwkv7 head {head_dim}: decode module vs official {d_dec:.3g}, prefill ({T} tokens) {d_pre:.3g}")
+    assert d_dec <= TOL and d_pre <= TOL, (d_dec, d_pre)
+    assert all(m.eps == 64e-5 for m in dec.modules() if isinstance(m, torch.nn.GroupNorm))
+
+
+def test_rwkv7_blinkdl_pth_through_the_source_stage(tmp_path):
+    """A user's BlinkDL x070 .pth at head size 8 (no config.json) through the source stage: the
+    normalised config.json states 64e-5 and the reader gives back the manifest's geometry."""
+    import yaml
+
+    from recurrent_coreai.checkpoints import reader
+    from recurrent_coreai.families.rwkv7 import blinkdl
+    from recurrent_coreai.stages.source import build_source
+
+    g = R7.geometry_from_shape({"layers": 2, "hidden": 32, "head_dim": 8, "ffn": 64, "vocab": 65536,
+                                "decay_lora": 4, "a_lora": 4, "v_lora": 4, "gate_lora": 4}, "test")
+    src = tmp_path / "user"
+    src.mkdir()
+    torch.save(blinkdl.from_hf(dict(R7.synthetic_tensors(g, seed=2))), src / "model.pth")
+    vocab_cfg = yaml.safe_load((REPO / "config.yaml").read_text())["vocab"]
+    manifest = build_source("rwkv7-h8", {"family": "rwkv7", "source": {"kind": "path", "path": str(src)}},
+                            vocab_cfg, tmp_path / "source")
+    assert manifest["layout"] == "blinkdl"
+    cfg = json.loads((tmp_path / "source" / "config.json").read_text())
+    assert cfg["head_dim"] == 8 and cfg[_r7().G_NORM_EPS_KEY] == 64e-5
+    back = reader.load_geometry(R7, tmp_path / "source")
+    assert back == R7.geometry_from_dict(manifest["geometry"]) == g and back.g_norm_eps == 64e-5

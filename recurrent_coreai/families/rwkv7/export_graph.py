@@ -69,7 +69,7 @@ class Attn(nn.Module):
         if layer > 0:
             self.v_lora = LoRA(C, g.v_lora, nn.Identity(), bias=True)
         self.g_lora = LoRA(C, g.gate_lora, nn.Sigmoid(), bias=False)
-        self.g_norm = nn.GroupNorm(H, C, eps=g.head_dim * g.norm_eps)
+        self.g_norm = nn.GroupNorm(H, C, eps=g.g_norm_eps)
 
 
 class FFN(nn.Module):

@@ -13,6 +13,20 @@ from recurrent_coreai.util.errors import PipelineError
 MIXERS = ("r", "w", "k", "v", "a", "g")  # order of the packed attn.x_x rows
 LORAS = {"w": "decay", "a": "a", "v": "v", "g": "gate"}
 
+# ln_x (fla: attn.g_norm), the GroupNorm over heads after the WKV. BlinkDL's x070 fixes its eps at
+# 64e-5 whatever the head size (RWKV-LM RWKV-v7 train_temp and demos: ``nn.GroupNorm(H, C, eps=64e-5)``;
+# rwkv 0.8.32: ``eps = 64e-5``). fla's RWKV7Attention derives it, ``eps=self.head_dim*norm_eps``: the same
+# value at head size 64 (every published RWKV-7), another elsewhere. The rule here: 64e-5 (BlinkDL
+# .pth, synthetic weights); an fla config.json gets fla's rule unless it states G_NORM_EPS_KEY (which
+# config_json writes exactly when the value is not fla's, so that fla-rule files stay as they were).
+G_NORM_EPS = 64e-5
+G_NORM_EPS_KEY = "g_norm_eps"
+
+
+def fla_g_norm_eps(head_dim: int, norm_eps: float) -> float:
+    """fla's g_norm eps for a config.json that states no other: head_dim * norm_eps."""
+    return head_dim * norm_eps
+
 
 @dataclass(frozen=True)
 class Geometry(base.Geometry):
@@ -26,6 +40,7 @@ class Geometry(base.Geometry):
     v_lora: int
     gate_lora: int
     norm_eps: float = 1e-5
+    g_norm_eps: float = G_NORM_EPS  # ln_x / g_norm eps (see G_NORM_EPS); norm_eps is the LayerNorms'
 
     @property
     def heads(self) -> int:
@@ -56,21 +71,25 @@ class Geometry(base.Geometry):
             ffn = r.whole("intermediate_size")
         else:  # fla derives it from hidden_ratio
             ffn = int(hidden * r.number("hidden_ratio", default=4.0))
+        head_dim, norm_eps = r.whole("head_dim", default=64), r.number("norm_eps", default=1e-5)
         return cls(
             layers=r.whole("num_hidden_layers"),
             hidden=hidden,
-            head_dim=r.whole("head_dim", default=64),
+            head_dim=head_dim,
             ffn=ffn,
             vocab=r.whole("vocab_size"),
             decay_lora=r.whole("decay_low_rank_dim"),
             a_lora=r.whole("a_low_rank_dim"),
             v_lora=r.whole("v_low_rank_dim"),
             gate_lora=r.whole("gate_low_rank_dim"),
-            norm_eps=r.number("norm_eps", default=1e-5),
+            norm_eps=norm_eps,
+            g_norm_eps=r.number(G_NORM_EPS_KEY, default=fla_g_norm_eps(head_dim, norm_eps)),
         ).check(where)
 
     def to_hf_config(self) -> dict:
-        """config.json as the fla/HF RWKV-7 checkpoints write it (1.5B: RWKV/RWKV7-Goose-World3-1.5B-HF)."""
+        """config.json as the fla/HF RWKV-7 checkpoints write it (1.5B: RWKV/RWKV7-Goose-World3-1.5B-HF),
+        plus G_NORM_EPS_KEY when g_norm_eps is not what fla derives from head_dim and norm_eps."""
+        extra = {} if self.g_norm_eps == fla_g_norm_eps(self.head_dim, self.norm_eps) else {G_NORM_EPS_KEY: self.g_norm_eps}
         return {
             "architectures": ["RWKV7ForCausalLM"],
             "model_type": "rwkv7",
@@ -99,10 +118,16 @@ class Geometry(base.Geometry):
             "bos_token_id": 1,
             "eos_token_id": 2,
             "torch_dtype": "float32",
+            **extra,
         }
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The record's geometry; g_norm_eps only when it is not BlinkDL's 64e-5, so that the records of
+        every model with it (all at head size 64) stay what they were."""
+        d = asdict(self)
+        if d["g_norm_eps"] == G_NORM_EPS:
+            del d["g_norm_eps"]
+        return d
 
 
 STATE_NAMES = ("recState", "shiftState")  # the buffers every function reads and writes once

@@ -90,7 +90,7 @@ class Reference(base.Reference):
             state.wkv[i] = torch.stack(new_heads)
             o = torch.cat(outs)
             o = F.group_norm(o[None], H, w[p + "attn.g_norm.weight"], w[p + "attn.g_norm.bias"],
-                             eps=g.head_dim * g.norm_eps)[0]
+                             eps=g.g_norm_eps)[0]
             bonus = (rh * kh * w[p + "attn.r_k"]).sum(-1, keepdim=True) * vh
             o = o + bonus.reshape(-1)
             x = x + self._lin(p + "attn.o_proj", o * gate)
