@@ -98,7 +98,7 @@ def test_each_stage_fingerprints_its_own_code_and_no_other_stages(rule):
         assert not fs & others, f"{rule} also fingerprints {sorted(fs & others)}"
     for other in attested:  # publish: all of each attested stage's code, with the family's
         assert set(fingerprint.code_files(other, "rwkv7")) <= with_family, other
-    if rule in fingerprint.FAMILY_RULES:  # a family's tokenizer kind is loaded by name: it counts too
+    if rule in fingerprint.TOKENIZER_RULES:  # a model's tokenizer kind is loaded by name: it counts too
         kind = f"recurrent_coreai/{fingerprint.tokenizer_module('mamba2').replace('.', '/')}.py"
         assert kind in fingerprint.code_files(rule, "mamba2") and kind not in fingerprint.code_files(rule, "rwkv7")
     before = fingerprint.digest(rule)
