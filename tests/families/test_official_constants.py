@@ -326,3 +326,67 @@ def test_rwkv7_blinkdl_pth_through_the_source_stage(tmp_path):
     assert cfg["head_dim"] == 8 and cfg[_r7().G_NORM_EPS_KEY] == 64e-5
     back = reader.load_geometry(R7, tmp_path / "source")
     assert back == R7.geometry_from_dict(manifest["geometry"]) == g and back.g_norm_eps == 64e-5
+
+
+# === Mamba-2: both RMSNorms take the file's layer_norm_epsilon (no finding; pinned) =================
+def test_mamba2_norm_eps_from_the_file_matches_transformers(tmp_path):
+    """transformers' Mamba2 uses config.layer_norm_epsilon for the block norms, norm_f AND the gated
+    norm (grouped by I/G); mamba_ssm fixes the gated norm at 1e-5 (its layout refuses other values).
+    At eps 1e-2, head size 16 and two groups, a fixed 1e-5 anywhere would show: the reference
+    (taking the file's value) matches transformers' step path, the fixed-constant copy does not."""
+    import dataclasses
+    import logging
+
+    from transformers import Mamba2ForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    m2 = get("mamba2")
+    g = dataclasses.replace(m2.geometry_from_shape({"layers": 2, "hidden": 64, "d_state": 16, "headdim": 16,
+                                                    "vocab": 256, "n_groups": 2}, "test"), norm_eps=1e-2)
+    sd = dict(m2.synthetic_tensors(g, 3))
+    m2.write_layout(sd, tmp_path, "hf", geom=g)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["layer_norm_epsilon"] == 1e-2 and m2.geometry_from_config(cfg, "config.json") == g
+    model = Mamba2ForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    toks = torch.randint(0, g.vocab, (24,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        cache, hf = None, []
+        for t in toks:
+            o = model(torch.tensor([[t]]), cache=cache, use_cache=True)
+            cache = o.cache
+            hf.append(o.logits[0, -1])
+    hf = torch.stack(hf).numpy()
+    d = float(np.abs(m2.reference(sd, g).run(toks)[0].numpy() - hf).max())
+    d_fixed = float(np.abs(m2.reference(sd, dataclasses.replace(g, norm_eps=1e-5)).run(toks)[0].numpy() - hf).max())
+    print(f"mamba2 eps 1e-2: reference vs transformers {d:.3g}; a fixed 1e-5 {d_fixed:.3g}")
+    assert d <= TOL and not d_fixed <= TOL, (d, d_fixed)
+
+
+# === Gated DeltaNet: the q/k L2 norm eps (no finding in value; one copy instead of two) =============
+def test_gdn_l2_eps_is_fla_and_written_once():
+    """fla-core 0.6.0 fixes the q/k L2 norm at x / sqrt(sum x^2 + 1e-6): l2norm_fwd's default (the chunk
+    rule) and the literal in the fused_recurrent kernel, read from the pinned package's files (Triton is
+    not importable here). The family writes it once (recurrence.L2_EPS); at a small norm (where it
+    matters) its l2norm is that formula, not F.normalize's max(|x|, 1e-12)."""
+    import ast
+    import importlib.metadata as md
+    import re
+
+    from recurrent_coreai.families.gdn import geometry as gdn_geometry
+    from recurrent_coreai.families.gdn import recurrence as rec
+
+    dist = md.distribution("fla-core")
+    assert dist.version == "0.6.0"
+    l2 = ast.parse(Path(str(dist.locate_file("fla/modules/norm/l2norm.py"))).read_text())
+    fwd = next(n for n in ast.walk(l2) if isinstance(n, ast.FunctionDef) and n.name == "l2norm_fwd")
+    eps_default = dict(zip([a.arg for a in fwd.args.args][-len(fwd.args.defaults):], fwd.args.defaults))["eps"]
+    assert ast.literal_eval(eps_default) == rec.L2_EPS == 1e-6
+    kernel = Path(str(dist.locate_file("fla/ops/gated_delta_rule/fused_recurrent.py"))).read_text()
+    assert re.findall(r"b_[qk] / tl\.sqrt\(tl\.sum\(b_[qk] \* b_[qk]\) \+ ([0-9.e-]+)\)", kernel) == ["1e-6", "1e-6"]
+    assert not hasattr(gdn_geometry, "L2_EPS")
+    x = torch.full((2, 16), 1e-4, dtype=torch.float64)                      # sum x^2 = 1.6e-7 < eps
+    want = x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+    assert torch.allclose(rec.l2norm(x), want, rtol=1e-12, atol=0)
+    assert not torch.allclose(rec.l2norm(x), torch.nn.functional.normalize(x, dim=-1), rtol=1e-3)

@@ -31,7 +31,6 @@ from recurrent_coreai.util.errors import PipelineError
 SHAPE_KEYS = ("layers", "hidden", "heads", "head_dim", "vocab", "intermediate")
 OPTIONAL = {"v_heads": 0, "expand_v": 1.0, "conv_size": 4, "norm_eps": 1e-6, "allow_neg_eigval": False,
             "use_gate": True, "tie_embeddings": False}
-L2_EPS = 1e-6  # fla's q/k L2 norm: x / sqrt(sum x^2 + 1e-6) (fused_recurrent and chunk kernels alike)
 
 
 @dataclass(frozen=True)

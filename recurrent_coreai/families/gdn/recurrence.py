@@ -39,6 +39,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+# fla's q/k L2 norm eps (fla/modules/norm/l2norm.py ``l2norm(x, eps=1e-6)``, used in-kernel by the
+# fused_recurrent and chunk rules alike): fixed, not F.normalize's 1e-12, not a norm_eps of the config.
+# The one place it is written (geometry.py had a second, unused copy).
 L2_EPS = 1e-6
 
 
