@@ -296,7 +296,8 @@ def fits(source_dir: Path, settings: Mapping, rows: Mapping[str, int], where: st
                             "vocabulary, pinned by vocab.sha256", f"remove {PIN} from the model's source")
     fit.check(where, rows, ID_COUNT, "the RWKV World vocabulary",
               "this checkpoint was not trained with the RWKV World vocabulary (every token id needs a row in the "
-              "embedding and the head); it is not supported")
+              "embedding and the head): set models.<m>.tokenizer to the kind it was trained with (bytes for a "
+              "byte-level model: 256 ids)")
     return ID_COUNT
 
 
