@@ -17,8 +17,7 @@ Rules the device taught the RWKV-7 port, kept here:
   name or keep them;
 * the decay logit, its exp(-exp(.)) and the whole recurrence in at least fp32
   (:func:`coreai.layers.wide`), whatever the graph's dtype; ``time_decay`` and ``time_faaaa`` are
-  held in fp32 even in an fp16 graph (as the rwkv package does); ln_x (GroupNorm, eps geometry.ln_x_eps: 64e-5 at
-  head_size_divisor 8, whatever the head size) in fp32;
+  held in fp32 even in an fp16 graph (as the rwkv package does); ln_x (GroupNorm, eps g.ln_x_eps) in fp32;
 * fp16 only, the rwkv package's guard against fp16 overflow of the residual stream (its
   ``RWKV_RESCALE_LAYER`` = 6): block i's ``attention.output`` and ``feed_forward.value`` divided
   by 2**(i // 6) at build time, x halved after every 6th block (:func:`build_decode`); nothing
