@@ -10,6 +10,8 @@ the in-test ``old rule`` copies show the same from inside the test.
   the source stage's written config.json (head_size_divisor 8) is read back by the same reader.
 * RWKV-7 (x070) ``ln_x``/``g_norm`` GroupNorm eps: 64e-5 (BlinkDL), not head_dim * norm_eps (fla's
   rule, kept only for an fla config.json that states no other) -- against rwkv==0.8.32's x070.
+* Mamba-2 (no finding, pinned): every RMSNorm takes the file's layer_norm_epsilon, as transformers does.
+* Gated DeltaNet (no finding in value): the q/k L2 eps is fla-core's fixed 1e-6, written once.
 """
 
 from __future__ import annotations
