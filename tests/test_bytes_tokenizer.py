@@ -394,3 +394,25 @@ def test_generate_streams_multi_byte_characters_whole():
     # bytes that never complete a character become U+FFFD at the end, not lost
     res = gen.generate(Scripted([ord("a"), 0xF0, 0x9F]), tok, [1], Sampler(Sampling()), 3)
     assert res.text == "a\ufffd" and res.stop_reason == "length"
+
+
+# --- the catalog and the publish receipt: the model's kind, not the family's -------------------------------
+def test_the_catalog_states_the_kind_the_receipt_records():
+    """The publish receipt records the model's own ``tokenizer`` (where it names one); the catalog's
+    io_contract takes the kind from it through families.tokenizer_of."""
+    from recurrent_coreai.hub import catalog
+
+    fam = families.get("rwkv7")
+    geom = fam.geometry_from_shape({**fam.tiny_shape, "vocab": 256}, "test")
+    states = {s.name: list(s.shape) for s in fam.state_specs(geom)}
+    record = {"bundle": "b.aimodel", "geometry": geom.as_dict(), "states": states, "state_dtype": "float32",
+              "functions": {"main": {"role": "decode", "tokens_per_call": 1, "state_writes": {n: 1 for n in states},
+                                     "inputs": [{"name": "input_ids", "shape": [1, 1], "dtype": "int32"}],
+                                     "outputs": [{"name": "logits", "shape": [1, 1, 256], "dtype": "float32"}]}}}
+    receipt = {"family": "rwkv7", "tokenizer": "bytes"}
+    contract = catalog.io_contract(fam, {"fp32": record}, "aimodel/b/bytes_vocab.tsv", families.tokenizer_of(receipt))
+    detok = contract["outputs"][0]["decoding"]["detokenization"]
+    assert detok.startswith(kind.DESCRIPTION) and "bytes_vocab.tsv" in detok
+    default = catalog.io_contract(fam, {"fp32": record}, None, families.tokenizer_of({"family": "rwkv7"}))
+    assert default["outputs"][0]["decoding"]["detokenization"].startswith(tokenizers.kind("world").DESCRIPTION)
+    assert default == catalog.io_contract(fam, {"fp32": record}, None)  # the family's, as before

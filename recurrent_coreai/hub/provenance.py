@@ -109,7 +109,8 @@ def pipeline_record(code: dict[str, str] | None = None) -> dict:
     ({rule: digest}: pipeline/fingerprint.py's ``attested``). Content, not a git commit: the same
     code gives the same statement in any clone, copy or commit (committing ``dvc.lock`` after a
     build changes no statement), and a verifier recomputes each digest from a checkout with
-    ``python -m recurrent_coreai.pipeline.fingerprint RULE --family F``."""
+    ``python -m recurrent_coreai.pipeline.fingerprint RULE --family F`` (and ``--tokenizer K`` for a
+    model that names its own tokenizer kind)."""
     import recurrent_coreai
 
     return {"version": recurrent_coreai.__version__, "code": dict(sorted((code or {}).items())) or ABSENT}
