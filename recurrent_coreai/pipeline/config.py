@@ -397,6 +397,16 @@ def prefill_length(prefill: dict, config_file: str = "config.yaml") -> int:
     return n
 
 
+def gate_step_count(prompt_tokens: Sequence[int], steps: int) -> int:
+    """The steps the gate compares for prompts of these token counts (the chat prompts as this
+    model's tokenizer writes them): ``steps`` (gate/steps, or the model's own), raised to what the
+    prompts need when they need more -- each prompt's tokens plus one generated step. A byte-level
+    or small vocabulary spends more tokens on the same prompts; the gate then compares every prompt
+    token and one generated step each, instead of refusing (the gate JSON and the card say so:
+    ``steps_raised``). A token count of 0 (not recorded) needs one step."""
+    return max(int(steps), sum(int(n) + 1 for n in prompt_tokens))
+
+
 def prompt_budgets(prompt_tokens: Sequence[int], steps: int, config_file: str | Path = DEFAULT_FILE,
                    setting: str = "gate.steps") -> list[int]:
     """Each prompt's share of ``steps`` gate steps, from its token count (the chat prompt as the

@@ -89,17 +89,29 @@ def check_gate(json_path: Path, settings: dict, export_dir: Path | None = None, 
         if record.get(key) != settings.get(key):
             raise disagrees(json_path, "the config in force", f"{key} is {record.get(key)!r}, the config says "
                             f"{settings.get(key)!r}", "gate")
-    if len(rows) != settings["steps"]:
-        raise disagrees(json_path, tsv, f"{len(rows)} step(s), the config's gate/steps is {settings['steps']}", "gate")
+    counts = record.get("prompt_tokens") or [0] * len(settings["prompts"])
+    steps = cfgmod.gate_step_count(counts, settings["steps"])
+    if len(rows) != steps or record.get("steps_raised") != (steps > settings["steps"]):
+        raise disagrees(json_path, tsv, f"{len(rows)} step(s) (steps_raised {record.get('steps_raised')!r}), the "
+                        f"config's gate/steps {settings['steps']} for its prompts' tokens gives {steps}", "gate")
+    eps = record.get("near_tie_epsilon_used")
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 <= eps <= settings["near_tie_epsilon"]:
+        raise disagrees(json_path, "the config in force", f"near_tie_epsilon_used is {eps!r}, not a number in "
+                        f"[0, {settings['near_tie_epsilon']}]", "gate")
+    bad_tie = next((r for r in rows if r["near_tie"] and r["ref_margin"] > eps * (1 + TSV_REL)), None)
+    if bad_tie is not None:
+        raise disagrees(json_path, tsv, f"step {bad_tie['step']} is a near-tie at margin {bad_tie['ref_margin']:g}, "
+                        f"above near_tie_epsilon_used {eps:g}", "gate")
     for r in rows:
         if r["agree"] != (r["engine_top1"] == r["ref_top1"]):
             raise disagrees(json_path, tsv, f"step {r['step']}: agree is {int(r['agree'])} for engine top-1 "
                             f"{r['engine_top1']} and reference top-1 {r['ref_top1']}", "gate")
-    decode = gate.verdict(rows, settings["thresholds"])
-    _compare(json_path, tsv, record, {k: v for k, v in decode.items() if k not in ("pass", "reasons")}, "gate")
     prefill = record.get("prefill") or {}
+    prefill_rows = prefill.get("rows") or []
+    decode = gate.verdict(rows, settings["thresholds"], counted_over=rows + prefill_rows)
+    _compare(json_path, tsv, record, {k: v for k, v in decode.items() if k not in ("pass", "reasons")}, "gate")
     if prefill:
-        pre = gate.verdict(prefill.get("rows") or [], settings["thresholds"])
+        pre = gate.verdict(prefill_rows, settings["thresholds"], counted_over=[])
         _compare(json_path, json_path, prefill, {k: v for k, v in pre.items() if k != "reasons"}, "gate", "prefill ")
     problems = decode["reasons"] + ([] if prefill.get("pass", False) else ["prefill"])
     tested = (record.get("tested_files") or {}).get("aimodel") or {}

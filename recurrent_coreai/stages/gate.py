@@ -5,9 +5,10 @@
    to the prompt's share of the step budget; the reference logits at every step are stored.
 2. :func:`run_gate` (per recipe): the SAME fixed token stream is fed to the Core AI runtime
    through the decode function; per step we compare the argmax and max|Δlogits|. A step where
-   the reference's top-2 margin is below ``near_tie_epsilon`` is a near-tie: the engine may pick
-   either of the two; too few steps outside near-ties (``min_counted``) fails the gate, and an
-   epsilon too large for the reference's logit scale is refused before anything runs.
+   the reference's top-2 margin is below the near-tie epsilon is a near-tie: the engine may pick
+   either of the two; too few steps outside near-ties (``min_counted``, over the decode and prefill
+   rows together) fails the gate. The epsilon is ``near_tie_epsilon``, at most a fixed share of the
+   reference's logit scale (stages/gate_verdict.py: every rule that decides pass or fail).
 3. The prefill check (:func:`prefill_check`): the reference's continuous prefill stream goes
    through the bundle's prefill function in full chunks and its tail through decode, on the
    same states; each chunk's last-position logits and every tail step are compared the same way,
@@ -26,10 +27,13 @@ import numpy as np
 
 from recurrent_coreai.pipeline import shards, stage
 from recurrent_coreai.coreai import toolchain
-from recurrent_coreai.pipeline.config import gate_settings, prompt_budgets
+from recurrent_coreai.pipeline.config import gate_settings, gate_step_count, prompt_budgets
 from recurrent_coreai.coreai.runtime import PromptSession
 from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_functions, split_prompt
 from recurrent_coreai.stages.gate_lowering import FOLDED, PIPELINE, gate_lowering
+from recurrent_coreai.stages.gate_verdict import (MAX_EPSILON_SHARE, compare, counted_reasons, epsilon_used,  # noqa: F401
+                                                  logit_scale, relative_diffs, state_diffs, state_scales, verdict,
+                                                  worst)
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import atomic_path, dumps_json, sha256_file, tree_manifest
 from recurrent_coreai.util import numpy_simd
@@ -38,24 +42,7 @@ from recurrent_coreai.pipeline.records import (PROMPT_TOKENS, check_seal, read_a
                                                sealed_text)
 
 TSV_COLUMNS = ("step", "prompt", "pos", "token", "ref_top1", "ref_top2", "engine_top1", "ref_margin",
-               "near_tie", "agree", "max_abs_dlogits", "kl")
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x - x.max()
-    return x - np.log(np.exp(x).sum())
-
-
-def compare(ref_logits: np.ndarray, eng_logits: np.ndarray, epsilon: float) -> dict:
-    """Per-step comparison of two logit vectors (float64)."""
-    top2 = np.argsort(ref_logits)[-2:][::-1]
-    margin = float(ref_logits[top2[0]] - ref_logits[top2[1]])
-    eng = int(np.argmax(eng_logits))
-    lp, lq = _log_softmax(ref_logits), _log_softmax(eng_logits)
-    return {"ref_top1": int(top2[0]), "ref_top2": int(top2[1]), "engine_top1": eng, "ref_margin": margin,
-            "near_tie": margin < epsilon, "agree": eng == int(top2[0]),
-            "max_abs_dlogits": float(np.abs(ref_logits - eng_logits).max()),
-            "kl": float(np.sum(np.exp(lp) * (lp - lq)))}
+               "near_tie", "agree", "max_abs_dlogits", "kl", "nll_ref", "nll_eng", "dp")
 
 
 def contract_problems(export_record: dict) -> list[str]:
@@ -79,64 +66,14 @@ def contract_problems(export_record: dict) -> list[str]:
     return problems
 
 
-def verdict(rows: list[dict], thresholds: dict) -> dict:
-    """The verdict on compared steps (decode rows or the prefill check's): a pure function of
-    the rows and the recipe's thresholds, so that it can be recomputed from the gate's TSV.
-    Top-1 agreement is judged on the counted steps (not near-ties) only, so too few of them is a
-    failure: fewer than ``min_counted`` of all steps, or none at all, whatever the minimum."""
-    counted = [r for r in rows if not r["near_tie"]]
-    ties = [r for r in rows if r["near_tie"]]
-    agree = sum(r["agree"] for r in counted)
-    tie_ok = sum(r["engine_top1"] in (r["ref_top1"], r["ref_top2"]) for r in ties)
-    agree_rate = agree / len(counted) if counted else 0.0  # nothing counted: no agreement was shown
-    max_abs = max(r["max_abs_dlogits"] for r in rows)
-    reasons = []
-    min_counted = thresholds["min_counted"]
-    if not counted:
-        reasons.append(f"0/{len(rows)} steps counted: every step is a near-tie (reference top-2 margin below "
-                       "near_tie_epsilon), so no top-1 pick was compared")
-    elif len(counted) < min_counted * len(rows):
-        reasons.append(f"only {len(counted)}/{len(rows)} steps counted outside near-ties, fewer than min_counted "
-                       f"{min_counted:g} of them (near_tie_epsilon too large for this reference?)")
-    if counted and agree_rate < thresholds["min_agree"]:
-        reasons.append(f"top-1 agreement {agree}/{len(counted)} outside near-ties is below {thresholds['min_agree']}")
-    if thresholds["min_agree"] >= 1.0 and tie_ok < len(ties):
-        reasons.append(f"{len(ties) - tie_ok} near-tie step(s) picked neither of the reference's top 2")
-    limit = thresholds.get("max_abs_dlogits")
-    if limit is not None and max_abs > limit:
-        reasons.append(f"max|dlogits| {max_abs:.3g} exceeds {limit:g}")
-    return {
-        "steps": len(rows), "agree": sum(r["agree"] for r in rows), "counted": len(counted),
-        "agree_counted": agree, "agree_rate": agree_rate, "near_ties": len(ties),
-        "near_ties_in_top2": tie_ok, "mismatches": len(counted) - agree,
-        "max_abs_dlogits": max_abs, "mean_kl": float(np.mean([r["kl"] for r in rows])),
-        "pass": not reasons, "reasons": reasons,
-    }
-
-
-# near_tie_epsilon may be at most this share of the reference's logit scale: the median over its
-# decode steps of (largest - smallest logit). The default models' scale is 37.6 (mamba2-tiny) to
-# 59.2 (rwkv7-tiny), so their limit is 0.75..1.18 against the default 0.1 (docs/gate.md).
-MAX_EPSILON_SHARE = 0.02
-
-
-def logit_scale(stream: dict) -> float:
-    """The reference's logit scale: the median over its decode steps of max - min logit."""
-    logits = stream["logits"]
-    return float(np.median(logits.max(axis=1).astype(np.float64) - logits.min(axis=1)))
-
-
-def check_epsilon(epsilon: float, stream: dict, stream_path: Path, config_file: str | Path) -> float:
-    """``near_tie_epsilon`` is small against this reference's logit scale (at most
-    MAX_EPSILON_SHARE of it); a larger one would make most steps near-ties, whose top-1 pick
-    the gate does not check. Returns the scale."""
-    scale = logit_scale(stream)
-    if not epsilon <= MAX_EPSILON_SHARE * scale:
-        raise PipelineError(config_file, f"gate/near_tie_epsilon {epsilon:g} is more than {MAX_EPSILON_SHARE:g} of the "
-                            f"logit scale of {stream_path} (median max-min logit {scale:.3g}: at most "
-                            f"{MAX_EPSILON_SHARE * scale:.3g}); near-ties are not checked for top-1",
-                            f"set gate/near_tie_epsilon to at most {MAX_EPSILON_SHARE * scale:.3g} (the shipped "
-                            "config.yaml has 0.1)")
+def checked_logit_scale(stream: dict, stream_path: Path) -> float:
+    """The reference's logit scale (gate_verdict.logit_scale), which the near-tie epsilon follows;
+    one line when it is not a positive number (a reference whose logits are all equal or not finite)."""
+    scale = logit_scale(stream["logits"])
+    if not (np.isfinite(scale) and scale > 0):
+        raise PipelineError(stream_path, f"has a logit scale (median max-min logit) of {scale:g}: its logits are "
+                            "constant or not finite, so no top-1 pick can be compared", "check the model's weights, "
+                            "then rerun the reference stage (snakemake --forcerun reference)")
     return scale
 
 
@@ -162,44 +99,24 @@ def decode_rows(sess, stream: dict, eps: float, start: int = 0, stop: int | None
             prev_prompt = prompt
         eng = sess.step(int(tok))
         row = {"step": step, "prompt": int(prompt), "pos": int(pos), "token": int(tok)}
-        row.update(compare(stream["logits"][step].astype(np.float64), eng, eps))
+        row.update(compare(stream["logits"][step].astype(np.float64), eng, eps, next_token(stream, step)))
+        for key, value in NOT_SCORED.items():
+            row.setdefault(key, value)
         rows.append(row)
     return rows
 
 
-def state_diffs(engine: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> dict[str, float]:
-    """max|engine - reference| per state (NaN if the engine's state holds a NaN)."""
-    out = {}
-    for name, ref in reference.items():
-        d = np.abs(engine[name].astype(np.float64) - ref.astype(np.float64))
-        out[name] = float("nan") if np.isnan(d).any() else float(d.max())
-    return out
+# a step whose next token the stream does not hold (a prompt's last): no likelihood scored
+NOT_SCORED = {"nll_ref": float("nan"), "nll_eng": float("nan"), "dp": float("nan")}
 
 
-def state_scales(reference: dict[str, np.ndarray]) -> dict[str, float]:
-    """max|reference state| per state: the scale its differences are judged on."""
-    return {name: float(np.abs(ref.astype(np.float64)).max()) for name, ref in reference.items()}
+def next_token(stream: dict, step: int) -> int | None:
+    """The token the stream feeds after ``step`` within the same prompt (None at a prompt's last step)."""
+    if step + 1 < len(stream["tokens"]) and stream["prompt"][step + 1] == stream["prompt"][step]:
+        return int(stream["tokens"][step + 1])
+    return None
 
 
-def relative_diffs(diffs: dict[str, float], scales: dict[str, float]) -> dict[str, float]:
-    """Each state's max|Δ| (:func:`state_diffs`) over its max|reference state| (:func:`state_scales`).
-    A state the reference holds at zero: 0 if the engine's is zero too, else inf; NaN stays NaN
-    (both fail any limit)."""
-    out = {}
-    for name, d in diffs.items():
-        scale = scales[name]
-        if np.isnan(d) or np.isnan(scale):
-            out[name] = float("nan")
-        elif scale > 0:
-            out[name] = d / scale
-        else:
-            out[name] = 0.0 if d == 0 else float("inf")
-    return out
-
-
-def _worst(found: list[tuple]) -> tuple:
-    """The largest of (value, ...) tuples, a NaN above any number."""
-    return max(found, key=lambda d: (np.isnan(d[0]), d[0]))
 
 
 def prefill_check(sess: PromptSession, stream: dict, thresholds: dict, eps: float) -> dict:
@@ -233,9 +150,9 @@ def prefill_check(sess: PromptSession, stream: dict, thresholds: dict, eps: floa
         record(sess.prefill_function, start + T - 1, sess.prefill_chunk(tokens[start:start + T]))
     for pos in range(full, len(tokens)):
         record(sess.function, pos, sess.step(tokens[pos]))
-    result = verdict(rows, thresholds)
-    rel, rel_d, scale, name, after = _worst(found)
-    dabs, _, _, abs_name, abs_after = _worst([(d, r, s, n, p) for r, d, s, n, p in found])
+    result = verdict(rows, thresholds, counted_over=[])  # counted with the decode rows: gather()
+    rel, rel_d, scale, name, after = worst(found)
+    dabs, _, _, abs_name, abs_after = worst([(d, r, s, n, p) for r, d, s, n, p in found])
     limit = thresholds.get("prefill_max_rel_dstate")
     if limit is not None and not rel <= limit:  # NaN fails too
         result["reasons"].append(f"state {name} after {after} tokens differs from the reference's by {rel:.3g} of its "
@@ -344,10 +261,18 @@ def run_pieces(aimodelx: Path, export_record: dict, stream: dict, settings: dict
     return done
 
 
-def gather(plan: list[list[dict]], done: list[list], export_record: dict, settings: dict) -> tuple[dict, list[dict]]:
+def with_epsilon(settings: dict, epsilon: float | None) -> dict:
+    """The settings the pieces run with: the near-tie epsilon in use (gate_verdict.epsilon_used)."""
+    return settings if epsilon is None else {**settings, "near_tie_epsilon": epsilon}
+
+
+def gather(plan: list[list[dict]], done: list[list], export_record: dict, settings: dict,
+           epsilon: float | None = None) -> tuple[dict, list[dict]]:
     """The verdict from every shard's piece results (``done[k][i]`` is the result of
-    ``plan[k][i]``): the decode rows in step order and the prefill check, judged as one gate; the
-    verdict also holds the contract and the prefill result. Returns (result, the rows for the TSV)."""
+    ``plan[k][i]``): the decode rows in step order and the prefill check, judged as one gate (too
+    few counted steps is judged over both together); the verdict also holds the contract, the
+    prefill result and the near-tie epsilon in use (``epsilon``; None: the configured one).
+    Returns (result, the rows for the TSV)."""
     prefill, rows = None, []
     for pieces, results in zip(plan, done):
         for piece, res in zip(pieces, results):
@@ -356,11 +281,13 @@ def gather(plan: list[list[dict]], done: list[list], export_record: dict, settin
             else:
                 rows.extend(res)
     rows.sort(key=lambda r: r["step"])
-    result = verdict(rows, settings["thresholds"])
+    result = verdict(rows, settings["thresholds"], counted_over=rows + prefill["rows"])
     reasons = contract_problems(export_record) + result["reasons"] + [f"prefill: {r}" for r in prefill["reasons"]]
     result.update({"pass": not reasons, "reasons": reasons, "prefill": prefill,
                    "state_writes": {fn: spec.get("state_writes") for fn, spec in export_record["functions"].items()},
-                   "near_tie_epsilon": settings["near_tie_epsilon"], "thresholds": settings["thresholds"],
+                   "near_tie_epsilon": settings["near_tie_epsilon"],
+                   "near_tie_epsilon_used": settings["near_tie_epsilon"] if epsilon is None else epsilon,
+                   "thresholds": settings["thresholds"],
                    "prompts": settings["prompts"],
                    "shards": {"count": len(plan), "steps": [shards.steps_of(pieces) for pieces in plan],
                               "mid_prompt_starts": sum(map(shards.mid_prompt_starts, plan))}})
@@ -371,15 +298,16 @@ def gather(plan: list[list[dict]], done: list[list], export_record: dict, settin
 
 
 def run_gate(aimodelx: Path, export_record: dict, stream: dict, settings: dict,
-             session_factory=PromptSession, workers: int = 1, shard_count: int = 1) -> tuple[dict, list[dict]]:
+             session_factory=PromptSession, workers: int = 1, shard_count: int = 1,
+             epsilon: float | None = None) -> tuple[dict, list[dict]]:
     """The whole gate in this job: every shard of a ``shard_count`` plan, their pieces over
     ``workers`` processes, gathered. Returns (result, the decode rows for the TSV)."""
     plan = shard_plan(stream, shard_count)
     flat = [p for pieces in plan for p in pieces]
-    done, results = iter(run_pieces(aimodelx, export_record, stream, settings, flat, session_factory, workers)), []
-    for pieces in plan:
-        results.append([next(done) for _ in pieces])
-    return gather(plan, results, export_record, settings)
+    done = iter(run_pieces(aimodelx, export_record, stream, with_epsilon(settings, epsilon), flat, session_factory,
+                           workers))
+    results = [[next(done) for _ in pieces] for pieces in plan]
+    return gather(plan, results, export_record, settings, epsilon)
 
 
 def check_stream(stream: dict, stream_path: Path, export_record: dict) -> None:
@@ -399,28 +327,40 @@ def check_stream(stream: dict, stream_path: Path, export_record: dict) -> None:
 def gate_steps(stream: dict, n_prompts: int, steps: int, stream_path: Path, config_file: str | Path = "config.yaml",
                setting: str = "gate.steps") -> dict:
     """The stream with the decode steps this gate compares: each prompt's first share of
-    ``steps`` (config.prompt_budgets, by the prompts' token counts where the reference recorded
-    them, i.e. where some prompt needed more than its equal share of gate/steps; otherwise every
-    prompt fit its equal share and these are equal shares, as a reference of gate/steps holds),
-    taken from the reference's stream of gate/steps steps. A prompt's steps are its tokens, then
-    the reference's greedy continuation, so these are the steps a reference made for ``steps``
-    would hold. The prefill stream is kept whole. ``setting`` names where ``steps`` is set."""
-    if steps > len(stream["tokens"]):
-        raise PipelineError(stream_path, f"holds {len(stream['tokens'])} steps, fewer than the {steps} this gate "
-                            "compares", "set the model's gate/steps for this recipe to at most gate/steps, or raise "
-                            "gate/steps (the reference stage then reruns)")
+    ``steps`` -- raised to what the prompts need under this model's tokenizer where they need more
+    (config.gate_step_count) -- shared by config.prompt_budgets (by the prompts' token counts where
+    the reference recorded them, i.e. where some prompt needed more than its equal share;
+    otherwise these are equal shares, as a reference of gate/steps holds), taken from the
+    reference's stream. A prompt's steps are its tokens, then the reference's greedy continuation,
+    so these are the steps a reference made for ``steps`` would hold. The prefill stream is kept
+    whole. ``setting`` names where ``steps`` is set. The result also holds ``steps_used``."""
     counts = stream.get(PROMPT_TOKENS, np.zeros(n_prompts, np.int64))  # 0: not recorded, needs one step
     if len(counts) != n_prompts:
         raise PipelineError(stream_path, f"records the token counts of {len(counts)} prompts, not of the gate's "
                             f"{n_prompts}", "rerun the reference stage (snakemake --forcerun reference)")
+    used = gate_step_count([int(n) for n in counts], steps)
+    if used > len(stream["tokens"]):
+        raise PipelineError(stream_path, f"holds {len(stream['tokens'])} steps, fewer than the {used} this gate "
+                            "compares", "set the model's gate/steps for this recipe to at most gate/steps, or raise "
+                            "gate/steps (the reference stage then reruns)")
     keep = []
-    for i, share in enumerate(prompt_budgets([int(n) for n in counts], steps, config_file, setting)):
+    for i, share in enumerate(prompt_budgets([int(n) for n in counts], used, config_file, setting)):
         have = np.flatnonzero(stream["prompt"] == i)
         if len(have) < share:
             raise PipelineError(stream_path, f"holds {len(have)} step(s) of prompt {i}, fewer than the gate's share "
-                                f"({share}) of {steps} steps", "rerun the reference stage (snakemake --forcerun reference)")
+                                f"({share}) of {used} steps", "rerun the reference stage (snakemake --forcerun reference)")
         keep.extend(have[:share])
-    return {**stream, **{key: stream[key][keep] for key in ("tokens", "prompt", "pos", "logits")}}
+    return {**stream, **{key: stream[key][keep] for key in ("tokens", "prompt", "pos", "logits")},
+            "steps_used": used}
+
+
+def steps_fields(stream: dict, settings: dict) -> dict:
+    """What the gate JSON says of its step count: the prompts' token counts where the reference
+    recorded them (None: every prompt fit its equal share) and whether the configured steps were
+    raised to fit the prompts (config.gate_step_count; stages/derivation.py recomputes it)."""
+    counts = stream.get(PROMPT_TOKENS)
+    return {"prompt_tokens": None if counts is None else [int(n) for n in counts],
+            "steps_raised": stream["steps_used"] > settings["steps"]}
 
 
 def bundle_digest(manifest: dict[str, dict]) -> str:
@@ -468,10 +408,11 @@ def gate_inputs(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
     # none: the gate records its sha256, and publish requires the digest)
     stream = read_stream(stream_path, required=False)
     check_stream(stream, stream_path, record)
-    scale = check_epsilon(settings["near_tie_epsilon"], stream, stream_path, config_file)
+    scale = checked_logit_scale(stream, stream_path)
     setting = f"models/{model}/gate/steps/{recipe}" if "steps_why" in settings else "gate.steps"
     return {"record": record, "aimodel": aimodel, "aimodelx": aot_dir / lowering["product"], "tested": tested,
             "lowered": lowering["files"], "reference_steps": len(stream["tokens"]), "scale": scale,
+            "epsilon": epsilon_used(settings["near_tie_epsilon"], scale),
             "reference_sha256": sha256_file(stream_path),
             "stream": gate_steps(stream, len(settings["prompts"]), settings["steps"], stream_path, config_file, setting)}
 
@@ -497,7 +438,8 @@ def run_shard(model: str, recipe: str, inputs: dict, settings: dict, shard: int,
                             f"run shards 0..{count - 1} (--shard K --shards {count})")
     pieces = shard_plan(inputs["stream"], count)[shard]
     with gate_lowering(inputs, out) as (lowering, ran):  # gone before the record is written beside it
-        results = run_pieces(lowering, inputs["record"], inputs["stream"], settings, pieces, workers=workers)
+        results = run_pieces(lowering, inputs["record"], inputs["stream"], with_epsilon(settings, inputs["epsilon"]),
+                             pieces, workers=workers)
     record = {**tested_fields(model, recipe, inputs), "shard": shard, "shards": count, "settings": settings,
               "pieces": pieces, "results": results, "lowering_run": ran, "toolchain": toolchain.versions()}
     with atomic_path(out) as tmp:
@@ -547,13 +489,15 @@ def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
     record = inputs["record"]
     if shard_paths:
         plan, done, runs = read_shards(shard_paths, model, recipe, inputs, settings)
-        result, rows = gather(plan, done, record, settings)
+        result, rows = gather(plan, done, record, settings, inputs["epsilon"])
     else:
         with gate_lowering(inputs, json_path) as (lowering, ran):
-            result, rows = run_gate(lowering, record, inputs["stream"], settings, workers=workers)
+            result, rows = run_gate(lowering, record, inputs["stream"], settings, workers=workers,
+                                    epsilon=inputs["epsilon"])
         runs = [ran]
     result["lowering_runs"] = runs
-    result.update(reference_steps=inputs["reference_steps"], reference_logit_scale=inputs["scale"])
+    result.update(reference_steps=inputs["reference_steps"], reference_logit_scale=inputs["scale"],
+                  **steps_fields(inputs["stream"], settings))
     result.update({**tested_fields(model, recipe, inputs), "toolchain": toolchain.versions(),
                    "size_bytes": record["size_bytes"]})
     if not result["pass"]:

@@ -28,8 +28,8 @@ from recurrent_coreai import families, tokenizers
 from recurrent_coreai.checkpoints.reader import load_checkpoint
 from recurrent_coreai.coreai.entrypoints import split_prompt
 from recurrent_coreai.pipeline import stage
-from recurrent_coreai.pipeline.config import origin, prefill_length, prompt_budgets
-from recurrent_coreai.pipeline.records import PROMPT_TOKENS, STREAM_SEAL, read_vocab, stream_digest
+from recurrent_coreai.pipeline.config import gate_step_count, origin, prefill_length, prompt_budgets
+from recurrent_coreai.pipeline.records import PROMPT_TOKENS, STREAM_SEAL, read_manifest, read_vocab, stream_digest
 from recurrent_coreai.stages.model_source import family_and_source
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import atomic_path
@@ -70,7 +70,7 @@ def reference_stream(family, source_dir: Path, tok, prompts: list[str], steps: i
     tokens, prompt_idx, positions, logits = [], [], [], []
     streams = [tok.prompt(prompt) for prompt in prompts]
     lengths = [len(s) for s in streams]
-    budgets = prompt_budgets(lengths, steps, config_file)
+    budgets = prompt_budgets(lengths, gate_step_count(lengths, steps), config_file)
     for i, (stream, budget) in enumerate(zip(streams, budgets)):
         state = ref.zero_state()
         for pos in range(budget):
@@ -90,6 +90,25 @@ def reference_stream(family, source_dir: Path, tok, prompts: list[str], steps: i
     return out
 
 
+def check_finite(stream: dict, source_uri: str, prompts: list[str]) -> None:
+    """The reference's logits and states are finite: weights that are finite themselves can still
+    make the recurrence overflow (e.g. a decay exponent of 100). One line naming the model's own
+    source and where the stream first went inf or NaN; nothing is written."""
+    for key in ("logits", "prefill_logits"):
+        bad = np.flatnonzero(~np.isfinite(stream[key]).all(axis=1)) if key in stream else []
+        if len(bad):
+            at = (f"step {int(bad[0])} (prompt {int(stream['prompt'][bad[0]])}: {prompts[int(stream['prompt'][bad[0]])]!r})"
+                  if key == "logits" else f"prefill position {int(stream['prefill_logit_pos'][bad[0]])}")
+            raise PipelineError(source_uri, f"the fp32 reference's logits are not finite (inf or NaN) from {at} on: "
+                                "these weights make the recurrence overflow", "check the checkpoint's weights (a "
+                                "decay, A_log or dt_bias far out of range, a wrong sign); nothing was gated")
+    for key, arr in stream.items():
+        if key.startswith("prefill_state_") and key != "prefill_state_pos" and not np.isfinite(arr).all():
+            raise PipelineError(source_uri, f"the fp32 reference's state {key[len('prefill_state_'):]} is not finite "
+                                "(inf or NaN): these weights make the recurrence overflow",
+                                "check the checkpoint's weights; nothing was gated")
+
+
 @main_guard
 def main(argv=None) -> int:
     """``scripts/reference.py --model M --source DIR --vocab DIR --out stream.npz``."""
@@ -101,6 +120,7 @@ def main(argv=None) -> int:
     tok = tokenizers.kind(families.tokenizer_of(s["models"][ns.model])).load(Path(ns.vocab))
     stream = reference_stream(family, source, tok, s["gate"]["prompts"], s["gate"]["steps"],
                               origin(cfg), s["prefill"])
+    check_finite(stream, read_manifest(source, files=False)["source"]["uri"], s["gate"]["prompts"])
     with atomic_path(ns.out) as tmp:
         with open(tmp, "wb") as fh:
             np.savez(fh, **stream, **{STREAM_SEAL: np.array(stream_digest(stream))})  # sealed: pipeline/records.py
