@@ -3,6 +3,7 @@ import json
 import os
 import re
 import time
+from pathlib import Path
 
 from recurrent_coreai.pipeline import config as cfgmod
 from recurrent_coreai import families
@@ -97,6 +98,16 @@ def gate_shard_count(w):
     """How many gate_shard jobs gate this recipe (pipeline/resources.py gate_shards: about
     gate/shard_seconds of runtime work each; 1 for the tiny defaults)."""
     return sizing.gate_shards(config, w.model, w.recipe)
+
+
+def path_source(w):
+    """A ``kind: path`` source's file or directory, relative to the repo (the trained fixtures):
+    an input, so a changed checkpoint reruns the source stage and DVC records its digest. An
+    absolute path (a user's checkpoint elsewhere) is left to the source stage's own record."""
+    spec = config["models"][w.model]["source"]
+    if spec["kind"] == "path" and not Path(spec["path"]).is_absolute() and Path(spec["path"]).exists():
+        return [spec["path"]]
+    return []
 
 
 def curated_card(w):

@@ -21,6 +21,8 @@ rule toolchain:
 
 
 rule source:
+    input:
+        path_source,
     output:
         directory(str(OUT.source)),
     params:

@@ -185,12 +185,29 @@ def gate_threads(config: dict) -> Callable:
 SHARD_SECONDS = 600  # gate/shard_seconds where a config leaves it out (config.yaml states it)
 
 
-def configured_parameters(model: dict) -> int | None:
-    """The parameter count of a model's configured shape (a synthetic source), else None: an hf
-    checkpoint's shape is known only once it is downloaded, after Snakemake built its DAG."""
-    shape = model["source"].get("shape")
-    if not shape:
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".bin", ".pt")
+
+
+def path_parameters(source: dict) -> int | None:
+    """An upper bound of a ``kind: path`` checkpoint's parameter count from its weight files' sizes
+    (2 bytes a parameter: fp16/bf16; an fp32 file is counted twice its size, which plans more
+    shards, never fewer); None for other sources or a path that is not there yet."""
+    if source.get("kind") != "path":
         return None
+    path = Path(source["path"])
+    files = [path] if path.is_file() else sorted(path.glob("*")) if path.is_dir() else []
+    total = sum(f.stat().st_size for f in files if f.is_file() and f.suffix in WEIGHT_SUFFIXES)
+    return total // 2 if total else None
+
+
+def configured_parameters(model: dict) -> int | None:
+    """The parameter count of a model's configured shape (a synthetic source), an upper bound of a
+    local checkpoint's (:func:`path_parameters`), else None: an hf checkpoint's shape is known only
+    once it is downloaded, after Snakemake built its DAG."""
+    source = model["source"]
+    shape = source.get("shape")
+    if not shape:
+        return path_parameters(source)
     fam = families.get(model["family"])
     return fam.parameter_count(fam.geometry_from_shape(shape, "config.yaml"))
 

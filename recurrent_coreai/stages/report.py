@@ -52,7 +52,8 @@ def report_inputs(lay: Layout, recipes: list[str], targets: list[str] = ()) -> d
 # ---------------------------------------------------------------------------------------------
 # reading the inputs
 # ---------------------------------------------------------------------------------------------
-TSV_USED = ("step", "prompt", "near_tie", "agree", "ref_margin", "max_abs_dlogits")  # of gate.TSV_COLUMNS
+TSV_USED = ("step", "prompt", "near_tie", "agree", "ref_margin", "max_abs_dlogits", "kl")  # of gate.TSV_COLUMNS
+FLOATS = ("ref_margin", "max_abs_dlogits", "kl")
 
 
 def read_tsv(path: Path, gate: dict) -> list[dict]:
@@ -62,7 +63,7 @@ def read_tsv(path: Path, gate: dict) -> list[dict]:
     missing = [c for c in TSV_USED if not rows or c not in rows[0]]
     if missing:
         raise PipelineError(path, f"is not a gate TSV (no rows, or no column {missing[0]!r})", "rerun the gate stage")
-    return [{k: float(r[k]) if k in ("ref_margin", "max_abs_dlogits") else int(r[k]) for k in TSV_USED} for r in rows]
+    return [{k: float(r[k]) if k in FLOATS else int(r[k]) for k in TSV_USED} for r in rows]
 
 
 @dataclass
@@ -177,7 +178,7 @@ def plots(rec: Recipe) -> list[Markup]:
     mismatch = [i for i, r in enumerate(rows) if not r["agree"]]
     ties = [i for i, r in enumerate(rows) if r["near_tie"]]
     limit = gate["thresholds"].get("max_abs_dlogits")
-    eps = gate["near_tie_epsilon"]
+    eps = gate.get("near_tie_epsilon_used", gate["near_tie_epsilon"])
     return [
         svg_plot([r["max_abs_dlogits"] for r in rows], f"{rec.name}: max |Δlogits| per step, engine vs fp32 reference",
                  "max_abs_dlogits", hline=limit, hline_label=f"the limit {limit:g}" if limit is not None else "",
@@ -185,6 +186,8 @@ def plots(rec: Recipe) -> list[Markup]:
         svg_plot([r["ref_margin"] for r in rows], f"{rec.name}: reference top-2 margin per step", "ref_margin",
                  hline=eps, hline_label=f"near-tie ε {eps:g}", marks={"near-tie": ties, "mismatch": mismatch},
                  boundaries=boundaries),
+        svg_plot([r["kl"] for r in rows], f"{rec.name}: KL divergence (reference ‖ bundle) per step, nats", "kl",
+                 marks={"mismatch": mismatch}, boundaries=boundaries),
     ]
 
 

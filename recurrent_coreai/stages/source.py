@@ -101,7 +101,10 @@ def build_source(model_name: str, model_cfg: dict, vocab_cfg: dict, out: Path) -
             if not src.exists():
                 raise PipelineError(src, f"source path {why_missing(src)}", "fix models/<name>/source/path in config.yaml")
             parts = _write_from_dir(family, tok, src, tmp, tok_settings)
-            uri, revision, where = f"file://{src.resolve()}", None, src
+            # a path inside the repo (the trained fixtures) is named relative to it, so two clones build
+            # the same manifest; a path elsewhere by its absolute location
+            uri = f"file:{src.as_posix()}" if not src.is_absolute() else f"file://{src.resolve()}"
+            revision, where = None, src
         elif kind == "hf":
             snapshot = fetch_hf(spec["repo"], spec["revision"], spec.get("allow_patterns"))
             parts = _write_from_dir(family, tok, snapshot, tmp, tok_settings)

@@ -14,7 +14,7 @@ from recurrent_coreai.tools.beta_watch.rebuild import Rebuild
 from recurrent_coreai.tools.beta_watch.report import REPORTS, versions_tag, write_report
 
 GATE_KEYS = ("pass", "agree_counted", "counted", "agree_rate", "near_ties", "max_abs_dlogits", "mean_kl",
-             "size_bytes", "bundle_sha256", "steps", "reasons")
+             "kld_mean", "kld_p99", "same_top1", "ppl_ratio", "size_bytes", "bundle_sha256", "steps", "reasons")
 
 
 def numbers(results: Path, model: str, recipe: str) -> dict:
@@ -50,6 +50,12 @@ def regressions(old: dict, new: dict, limits: dict) -> list[str]:
             found.append(f"max|dlogits| grew {old['max_abs_dlogits']:.3g} -> {new['max_abs_dlogits']:.3g} "
                          f"(x{new['max_abs_dlogits'] / max(old['max_abs_dlogits'], 1e-30):.1f}; limit "
                          f"x{limits['max_dlogits_factor']:g} of max(old, {limits['dlogits_floor']:g}) = {allowed:.3g})")
+    factor = limits.get("max_kld_factor")
+    if factor is not None and old["kld_mean"] is not None and new["kld_mean"] is not None:
+        allowed = factor * max(old["kld_mean"], limits.get("kld_floor", 0.0))
+        if not new["kld_mean"] <= allowed:
+            found.append(f"mean KL divergence grew {old['kld_mean']:.3g} -> {new['kld_mean']:.3g} (limit x{factor:g} "
+                         f"of max(old, {limits.get('kld_floor', 0.0):g}) = {allowed:.3g})")
     return found
 
 
