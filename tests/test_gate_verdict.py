@@ -141,3 +141,26 @@ def test_the_epsilon_follows_the_scale_and_never_exceeds_the_configured_one():
         eps = gv.epsilon_used(0.1, scale)
         assert eps <= 0.1 and eps <= gv.MAX_EPSILON_SHARE * scale
         assert eps == 0.1 or eps == pytest.approx(gv.MAX_EPSILON_SHARE * scale)
+
+
+def test_a_reference_that_overflows_is_refused_naming_the_source():
+    """Finite weights can make the recurrence overflow (issue 34 item 7: A_log = 100, dt_bias = -200):
+    the reference stage refuses NaN logits or states in one line naming the model's own source."""
+    from recurrent_coreai.stages.reference import check_finite
+    from recurrent_coreai.util.errors import PipelineError
+
+    logits = np.zeros((6, 8), np.float32)
+    logits[:, 1] = 3.0
+    stream = {"logits": logits, "prompt": np.array([0, 0, 0, 1, 1, 1]), "prefill_logits": logits[:2],
+              "prefill_logit_pos": np.array([3, 7]), "prefill_state_pos": np.array([4, 8]),
+              "prefill_state_s": np.zeros((2, 3), np.float32)}
+    check_finite(stream, "file:ckpt/model.pth", ["a", "b"])
+    bad = {**stream, "logits": logits.copy()}
+    bad["logits"][4, 2] = np.nan
+    with pytest.raises(PipelineError) as exc:
+        check_finite(bad, "file:ckpt/model.pth", ["a", "b"])
+    assert str(exc.value).startswith("file:ckpt/model.pth: the fp32 reference's logits are not finite (inf or NaN) "
+                                     "from step 4 (prompt 1: 'b') on: these weights make the recurrence overflow"), exc.value
+    state = {**stream, "prefill_state_s": np.full((2, 3), np.inf, np.float32)}
+    with pytest.raises(PipelineError, match="the fp32 reference's state s is not finite"):
+        check_finite(state, "file:ckpt/model.pth", ["a", "b"])
