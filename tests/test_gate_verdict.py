@@ -164,3 +164,26 @@ def test_a_reference_that_overflows_is_refused_naming_the_source():
     state = {**stream, "prefill_state_s": np.full((2, 3), np.inf, np.float32)}
     with pytest.raises(PipelineError, match="the fp32 reference's state s is not finite"):
         check_finite(state, "file:ckpt/model.pth", ["a", "b"])
+
+
+@pytest.mark.parametrize("kind", ["hf-bpe", "sp-bpe"])
+def test_bpe_dropout_is_refused_in_one_line(kind, tmp_path):
+    """Issue 34 item 3: ``model.dropout: 0.5`` made tokenization random; both BPE kinds refuse it."""
+    import json
+
+    from recurrent_coreai import tokenizers
+    from recurrent_coreai.tokenizers import bpe
+    from recurrent_coreai.util.errors import PipelineError
+
+    mod = tokenizers.kind(kind)
+    mod.source_files(tmp_path, {"vocab_size": 512})
+    path = tmp_path / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    assert spec["model"].get("dropout") in (None, 0, 0.0)
+    bpe.parse(path.read_text(encoding="utf-8"), path)            # the file as written: accepted
+    spec["model"]["dropout"] = 0.5
+    with pytest.raises(PipelineError) as exc:
+        bpe.parse(json.dumps(spec), path)
+    assert str(exc.value) == (f"{path}: its BPE model has dropout 0.5: encoding is random (each run splits the same "
+                              "text differently) -- fix: set model.dropout to null in the tokenizer.json (dropout is a "
+                              "training-time regulariser; the checkpoint's own file has null)")

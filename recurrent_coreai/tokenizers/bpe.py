@@ -169,11 +169,20 @@ def parse(text: str, where: str | Path):
     import tokenizers
 
     try:
-        return json.loads(text), tokenizers.Tokenizer.from_str(text)
+        spec, tok = json.loads(text), tokenizers.Tokenizer.from_str(text)
     except Exception as exc:  # noqa: BLE001 - json and the Rust parser raise many types
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise PipelineError(where, f"is not a valid tokenizer.json ({first})",
                             "use the tokenizer.json of the checkpoint's Hugging Face repo") from None
+    model = spec.get("model") if isinstance(spec, dict) else None
+    dropout = model.get("dropout") if isinstance(model, dict) else None
+    if dropout not in (None, 0, 0.0):
+        # BPE dropout skips merges at random: two encodings of one text differ, so the gate's stream,
+        # the reference and generate would each tokenize differently (issue 34 item 3)
+        raise PipelineError(where, f"its BPE model has dropout {json.dumps(dropout)}: encoding is random (each run "
+                            "splits the same text differently)", "set model.dropout to null in the tokenizer.json "
+                            "(dropout is a training-time regulariser; the checkpoint's own file has null)")
+    return spec, tok
 
 
 def has_type(node, name: str) -> bool:
