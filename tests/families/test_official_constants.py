@@ -178,26 +178,6 @@ def test_rwkv6_source_stage_output_reads_back(tmp_path):
 # === RWKV-7 (x070): ln_x / g_norm eps ===============================================================
 R7 = get("rwkv7")
 
-# rwkv==0.8.32's x070 in a fresh interpreter (it reads RWKV_V7_ON at import; x060 needs it unset):
-# argv = model path without .pth, tokens json, output .npz
-RWKV7_WORKER = r"""
-import json, os, sys
-os.environ["RWKV_V7_ON"] = "1"
-os.environ["RWKV_JIT_ON"] = "0"
-os.environ["RWKV_CUDA_ON"] = "0"
-import numpy as np, torch
-torch.set_num_threads(1)
-from rwkv.model import RWKV
-model = RWKV(model=sys.argv[1], strategy="cpu fp32")
-assert type(model).__name__ == "RWKV_x070", type(model).__name__
-state, logits = None, []
-for t in json.loads(open(sys.argv[2]).read()):
-    out, state = model.forward([t], state)
-    logits.append(out.detach().float().numpy().copy())
-L = len(state) // 3
-np.savez(sys.argv[3], logits=np.stack(logits),
-         wkv=np.stack([state[3 * i + 1].float().numpy().transpose(0, 2, 1) for i in range(L)]))  # [H,V,K] -> [H,K,V]
-"""
 
 
 def _r7():
@@ -214,15 +194,10 @@ def r7_geometry(head_dim: int):
 def run_rwkv7_official(sd_normal: dict, tokens: list[int], tmp: Path) -> dict[str, np.ndarray]:
     from recurrent_coreai.families.rwkv7 import blinkdl
 
+    from rwkv7_official import run_official
+
     torch.save(blinkdl.from_hf(sd_normal), tmp / "model.pth")
-    (tmp / "tokens.json").write_text(json.dumps(tokens))
-    (tmp / "worker.py").write_text(RWKV7_WORKER)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RWKV_")}
-    env.update(OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, str(tmp / "worker.py"), str(tmp / "model"), str(tmp / "tokens.json"),
-                          str(tmp / "official.npz")], env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return dict(np.load(tmp / "official.npz"))
+    return run_official(tmp / "model.pth", tokens, tmp)
 
 
 def r7_deltas(ref, tokens, official) -> dict[str, float]:

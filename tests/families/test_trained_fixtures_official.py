@@ -29,9 +29,6 @@ import functools
 import json
 import logging
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -94,34 +91,12 @@ def bits_per_byte(logits: np.ndarray) -> float:
 
 
 # --- the official implementations ----------------------------------------------------------------
-RWKV7_WORKER = r"""
-import json, os, sys
-os.environ["RWKV_V7_ON"] = "1"
-os.environ["RWKV_JIT_ON"] = "0"
-os.environ["RWKV_CUDA_ON"] = "0"
-import numpy as np, torch
-torch.set_num_threads(1)
-from rwkv.model import RWKV
-model = RWKV(model=sys.argv[1], strategy="cpu fp32")
-assert type(model).__name__ == "RWKV_x070", type(model).__name__
-state, logits = None, []
-for t in json.loads(open(sys.argv[2]).read()):
-    out, state = model.forward([t], state)
-    logits.append(out.float().numpy().copy())
-np.save(sys.argv[3], np.stack(logits))
-"""
 
 
 def official_rwkv7(tmp: Path) -> np.ndarray:
-    (tmp / "worker.py").write_text(RWKV7_WORKER)
-    (tmp / "tokens.json").write_text(json.dumps(heldout_tokens()))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RWKV_")}
-    env["OMP_NUM_THREADS"] = "1"
-    model = str(SOURCES["rwkv7"])[: -len(".pth")]      # RWKV_x070 appends .pth itself
-    res = subprocess.run([sys.executable, str(tmp / "worker.py"), model, str(tmp / "tokens.json"),
-                          str(tmp / "logits.npy")], env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, f"rwkv x070 worker failed:\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
-    return np.load(tmp / "logits.npy")
+    from rwkv7_official import run_official   # rwkv 0.8.32 x070 in its own process
+
+    return run_official(SOURCES["rwkv7"], heldout_tokens(), tmp)["logits"]
 
 
 def official_rwkv6(tmp: Path) -> np.ndarray:
