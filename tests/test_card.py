@@ -441,7 +441,7 @@ def test_merge_edge_cases():
 def test_merge_with_a_real_card_and_a_maintainer_card(work, capsys):
     fresh = render_card(work, capsys=capsys)
     names = list(c.blocks(fresh))
-    assert names == ["summary", "architecture", "recipes", "prefill", "quantization", "usage", "layout",
+    assert names == ["summary", "architecture", "recipes", "prefill", "quality", "quantization", "usage", "layout",
                      "device-numbers", "provenance"]
     edited = fresh.replace("## Architecture\n", "## Architecture\n\nA maintainer's note on the architecture.\n")
     edited = edited.replace("<!-- recipes begin -->", "Before the recipes table.\n<!-- recipes begin -->")
@@ -534,7 +534,7 @@ def test_card_cli_end_to_end(work, capsys):
     card = records.read_card(out)  # the card stage's seal checked; the card above it
     assert out.read_text(encoding="utf-8") == records.seal_card(card)  # the seal is the one last line
     assert list(out.parent.iterdir()) == [out]  # written atomically: no temporaries left beside it
-    assert list(c.blocks(card)) == ["summary", "architecture", "recipes", "prefill", "quantization", "usage",
+    assert list(c.blocks(card)) == ["summary", "architecture", "recipes", "prefill", "quality", "quantization", "usage",
                                     "layout", "device-numbers", "provenance"]
     manifest = read_json(model_dir(work) / "source" / "manifest.json")
     toolchain = read_json(work["results"] / "toolchain.json")["versions"]
@@ -587,7 +587,7 @@ def test_card_cli_merges_the_maintainer_card(work, capsys):
     assert front_matter(merged)["license"] == "apache-2.0"  # managed: from the source card, not the maintainer's
     assert "language" not in front_matter(merged)
     # every other block of the fresh card is appended after the maintainer's text, in order
-    assert list(c.blocks(merged)) == ["recipes", "summary", "architecture", "prefill", "quantization", "usage",
+    assert list(c.blocks(merged)) == ["recipes", "summary", "architecture", "prefill", "quality", "quantization", "usage",
                                       "layout", "device-numbers", "provenance"]
     assert all(block(merged, n) == b for n, b in c.blocks(fresh).items())
     assert (cards / "parked.md").read_text(encoding="utf-8") == maintainer

@@ -255,9 +255,11 @@ def test_a_gate_that_counted_too_few_steps_fails(control, tmp_path, cfg, stream_
     s = {**settings(cfg), "near_tie_epsilon": 1.0, "thresholds": {**cfg["gate"]["thresholds"]["fp32"], "min_counted": 1.0}}
     with pytest.raises(PipelineError) as exc:
         gate_bundle("rwkv7-tiny", "fp32", top / "export", top / "aot", stream_path, s, top / "gate.json", top / "gate.tsv")
-    assert f"gate FAILED for rwkv7-tiny/fp32: only {STEPS - ties}/{STEPS} steps counted outside near-ties, fewer " \
-           "than min_counted 1 of them" in str(exc.value), str(exc.value)
     failed = json.loads((top / "gate.failed.json").read_text())
+    # counted over the decode rows and the prefill check's together (stages/gate_verdict.py)
+    pre = failed["prefill"]
+    assert f"gate FAILED for rwkv7-tiny/fp32: only {STEPS - ties + pre['counted']}/{STEPS + pre['steps']} steps " \
+           "counted outside near-ties, fewer than min_counted 1 of them" in str(exc.value), str(exc.value)
     assert not (top / "gate.json").exists() and failed["pass"] is False
     assert failed["agree_counted"] == failed["counted"] == STEPS - ties and failed["thresholds"]["min_counted"] == 1.0
     assert failed["reference_logit_scale"] > 1.0 / 0.02

@@ -109,7 +109,7 @@ class Recorder:
 
 def test_a_shard_that_starts_mid_prompt_feeds_the_earlier_tokens_through_prefill_then_decode():
     stream = {"tokens": np.arange(20), "prompt": np.array([0] * 3 + [1] * 17), "pos": np.arange(20),
-              "logits": np.zeros((20, 8), np.float32)}
+              "logits": np.zeros((20, 32), np.float32)}   # a row for every token id, as a real vocabulary has
     sess = Recorder()
     rows = gate.decode_rows(sess, stream, 0.1, start=13, stop=16, first=3)
     assert [r["step"] for r in rows] == [13, 14, 15]
