@@ -100,11 +100,11 @@ class Recorder:
 
     def prefill_chunk(self, tokens):
         self.calls.append(("prefill", list(tokens)))
-        return np.zeros(8)
+        return np.zeros(32)
 
     def step(self, token):
         self.calls.append(("step", int(token)))
-        return np.eye(8)[int(token) % 8]
+        return np.eye(32)[int(token) % 32]
 
 
 def test_a_shard_that_starts_mid_prompt_feeds_the_earlier_tokens_through_prefill_then_decode():
