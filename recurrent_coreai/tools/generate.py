@@ -32,7 +32,7 @@ from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_function
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.pipeline.paths import Layout
 from recurrent_coreai.pipeline.records import AOT, read_aot, read_export, read_vocab
-from recurrent_coreai.tools.one_line_parser import OneLineParser
+from recurrent_coreai.tools.one_line_parser import OneLineParser, utf8_text
 from recurrent_coreai.tools.sampling import Sampler, Sampling
 from recurrent_coreai import families, tokenizers
 
@@ -215,7 +215,7 @@ def open_bundle(results: Path, model: str, recipe: str, use_prefill: bool = True
 def parser() -> OneLineParser:
     p = OneLineParser(prog="python -m recurrent_coreai generate",
                       description="Generate text with a built bundle in the Core AI runtime.")
-    p.add_argument("prompt")
+    p.add_argument("prompt", type=utf8_text)
     p.add_argument("--model", required=True)
     p.add_argument("--recipe", required=True)
     p.add_argument("--config-file", default=cfgmod.DEFAULT_FILE, help="where `results:` is read (default %(default)s)")
@@ -225,7 +225,7 @@ def parser() -> OneLineParser:
     p.add_argument("--top-p", type=float, default=1.0, help="1 (default): off")
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="1 (default): off")
     p.add_argument("--seed", type=int, help="seed for sampling (default: a fresh one, printed)")
-    p.add_argument("--stop", action="append", help="stop string (repeatable); default: '\\n\\nUser:' in chat mode")
+    p.add_argument("--stop", action="append", type=utf8_text, help="stop string (repeatable); default: '\\n\\nUser:' in chat mode")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text after token 0")
     p.add_argument("--main-only", action="store_true", help="feed the prompt through main even if prefill exists")
     return p
