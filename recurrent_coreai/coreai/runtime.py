@@ -243,6 +243,18 @@ class DecodeSession:
     def state_arrays(self) -> dict[str, np.ndarray]:
         return {n: np.asarray(a.numpy()).copy() for n, a in self.states.items()}
 
+    def set_states(self, arrays: dict[str, np.ndarray]) -> None:
+        """Every state replaced by a copy of ``arrays[name]`` (a saved state: coreai/state_file.py,
+        which checks a file first); the names, shapes and dtype must be the bundle's."""
+        if set(arrays) != set(self.state_shapes):
+            raise ValueError(f"states {sorted(arrays)} are not the bundle's {sorted(self.state_shapes)}")
+        for n, shape in self.state_shapes.items():
+            if tuple(arrays[n].shape) != tuple(shape) or arrays[n].dtype != self.state_dtype:
+                raise ValueError(f"state {n} is {arrays[n].dtype} {list(arrays[n].shape)}, the bundle's "
+                                 f"{self.state_dtype} {list(shape)}")
+        self.states = {n: self._rt.NDArray(np.array(arrays[n], dtype=self.state_dtype, copy=True, order="C"))
+                       for n in self.state_shapes}
+
     def close(self) -> None:
         self._fn = self._model = self._prefill = None
         self._loop.close()
