@@ -47,7 +47,7 @@ def test_the_kind_is_registered_with_the_whole_interface():
     assert kind.MIN_VOCAB == kind.N_IDS == 256
     # every kind states the smallest synthetic vocab its ids fit in (the config check reads it)
     assert {k: tokenizers.kind(k).MIN_VOCAB for k in tokenizers.KINDS} == {
-        "world": 65530, "hf-bpe": 1, "sp-bpe": 1, "bytes": 256}
+        "world": 65530, "hf-bpe": 257, "sp-bpe": 261, "bytes": 256}
 
 
 @pytest.mark.parametrize("text", round_trip.TEXTS)
@@ -224,7 +224,7 @@ def test_an_end_of_text_without_the_bytes_kind_is_one_line(cfg, tmp_path, family
 
 def test_the_world_vocab_check_follows_the_chosen_kind(cfg, tmp_path):
     """World for a Mamba-2: its 65530 ids must fit; the family's own kind needs no such vocab."""
-    cfgmod.validate(with_models(cfg, {"m": model_cfg("mamba2", 256)}, tmp_path))
+    cfgmod.validate(with_models(cfg, {"m": model_cfg("mamba2", 257)}, tmp_path))  # hf-bpe: 256 bytes + end of text
     with pytest.raises(PipelineError) as exc:
         cfgmod.validate(with_models(cfg, {"m": model_cfg("mamba2", 256, tokenizer="world")}, tmp_path))
     assert "vocab 256 is smaller than the world tokenizer's 65530 ids" in one_line(exc)

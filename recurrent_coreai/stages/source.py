@@ -73,7 +73,12 @@ def _write_synthetic(family, tok, spec: dict, tok_settings: dict, out: Path, lic
     (out / "config.json").write_text(dumps_json(family.config_json(geom)))
     # a synthetic tokenizer (hf-bpe, sp-bpe) is made for the model's vocabulary size; the World one is
     # pinned; the byte-level table is fixed (no files)
-    tok.source_files(out, {**tok_settings, "vocab_size": geom.vocab})
+    try:
+        tok.source_files(out, {**tok_settings, "vocab_size": geom.vocab})
+    except ValueError as exc:  # the synthetic BPE trainers cannot make every size (tokenizers/bpe.py, spbpe.py)
+        raise PipelineError("config.yaml", f"source.shape.vocab {geom.vocab}: the synthetic tokenizer cannot have "
+                            f"exactly that many ids ({exc})", "use another vocab (1024, the synthetic tokenizer's "
+                            "full size, always works)") from None
     front = yaml.safe_dump({"license": license_, "pipeline_tag": "text-generation"}, sort_keys=True, allow_unicode=True)
     (out / "README.md").write_text(
         f"---\n{front}---\n\n"

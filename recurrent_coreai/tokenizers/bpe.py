@@ -61,7 +61,9 @@ EOS = "<|endoftext|>"   # the kind's default end of text and first token (tokeni
 SYNTHETIC_VOCAB_SIZE = 1024
 TOKENIZER_FILE = "tokenizer.json"
 DEVICE_FILE = "bpe_vocab.tsv"   # id \t base64(token bytes), ids ascending (special tokens: empty)
-MIN_VOCAB = 1   # ids are the tokenizer file's: checked against the model by fits (the source stage)
+# the smallest synthetic shape.vocab (config check): 256 byte tokens and <|endoftext|> (a checkpoint's
+# ids are its tokenizer file's, checked against the model by fits in the source stage)
+MIN_VOCAB = 256 + 1
 CONFIG_FILE = "tokenizer_config.json"   # its eos_token / bos_token: the kind's settings (config_tokens)
 DEFAULTS = {"eos_token": EOS, "bos_token": EOS}
 CHAT = "User: {prompt}\n\nAssistant:"

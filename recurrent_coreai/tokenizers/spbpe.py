@@ -84,7 +84,9 @@ SYNTHETIC_VOCAB_SIZE = 1024
 TOKENIZER_FILE = bpe.TOKENIZER_FILE
 CONFIG_FILE = bpe.CONFIG_FILE
 DEVICE_FILE = "spbpe_vocab.tsv"   # id \t base64(token bytes), ids ascending (special tokens: empty)
-MIN_VOCAB = 1   # ids are the tokenizer file's: checked against the model by fits (the source stage)
+# the smallest synthetic shape.vocab (config check): 3 specials, 256 byte pieces and an alphabet of 2 (a
+# checkpoint's ids are its tokenizer file's, checked against the model by fits in the source stage)
+MIN_VOCAB = 3 + 256 + 2
 CARRY = bpe.CARRY
 CHAT = bpe.CHAT
 DESCRIPTION = (f"SentencePiece-style BPE with byte fallback (Hugging Face tokenizer.json, Llama/Mistral style); "
