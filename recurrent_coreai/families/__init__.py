@@ -13,7 +13,7 @@ from typing import Iterable, Mapping
 
 from recurrent_coreai.util.errors import PipelineError
 
-NAMES = ("rwkv7", "rwkv6", "mamba2", "gdn")  # registered families (folders below this one)
+NAMES = ("rwkv7", "rwkv6", "mamba2", "gdn", "mamba1")  # registered families (folders below this one)
 
 
 def available() -> tuple[str, ...]:
