@@ -47,7 +47,7 @@ def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def stable_log1p_exp(x: torch.Tensor) -> torch.Tensor:
-    """softplus, log(1 + e^x), written so that no intermediate overflows (max(x, 0) + log1p(e^-|x|)):
+    """log(1 + e^x) (Δ's activation), written so that no intermediate overflows (max(x, 0) + log1p(e^-|x|)):
     the library op's decomposition forms e^x first, which overflows fp16 on a device delegate."""
     return torch.clamp(x, min=0) + torch.log1p(torch.exp(-torch.abs(x)))
 

@@ -55,7 +55,7 @@ def scan_block(a: torch.Tensor, bu: torch.Tensor, C: torch.Tensor, S0: torch.Ten
 
 def selective_scan(dt: torch.Tensor, A: torch.Tensor, u: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                    S0: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """T tokens: ``dt`` [T,I] (after softplus), ``A`` [I,N] (negative), ``u`` [T,I], ``B`` and ``C``
+    """T tokens: ``dt`` [T,I] (after log(1 + e^x)), ``A`` [I,N] (negative), ``u`` [T,I], ``B`` and ``C``
     [T,N], ``S0`` [I,N]. Returns y [T,I] (no D skip) and S_T [I,N], in the dtype of the inputs."""
     T = dt.shape[0]
     a = dt.unsqueeze(-1) * A                                   # [T,I,N], ≤ 0
