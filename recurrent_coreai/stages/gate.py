@@ -502,6 +502,8 @@ def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
                    "size_bytes": record["size_bytes"]})
     if not result["pass"]:
         failed = json_path.with_suffix(".failed.json")
+        for old in (json_path, tsv_path):  # the previous verdict goes: only .failed.* is left (a hand-run gate)
+            old.unlink(missing_ok=True)
         write_report(result, rows, failed, tsv_path.with_suffix(".failed.tsv"))
         raise PipelineError(json_path, f"gate FAILED for {model}/{recipe}: {'; '.join(result['reasons'])}",
                             f"inspect {failed}; the bundle is not published")
