@@ -6,6 +6,10 @@ Staging ``results/<model>/publish/``::
     aimodel/<bundle>/<bundle>.aimodel/...          per shipped recipe (+ export.json, gate.json)
     <target>/<bundle>/<bundle>.<target>.aimodelc   per AOT target (universal: <bundle>.aimodelx)
     <target>/<bundle>/<tokenizer files>              the vocab stage's output (the tokenizer kind's files)
+    <folder>/metadata.json, <folder>/runner.json   in every bundle folder (aimodel/<bundle>, <target>/<bundle>):
+    <folder>/tokenizer/<tokenizer files>           the runner contract (stages/runner_contract.py): Apple's
+                                                   metadata.json (schema 0.2), what a no-KV runner needs, and
+                                                   the vocab stage's files (device TSV, HF tokenizer.json)
     publish.json                                   receipt: files, gate verdicts, what was committed
                                                    (stays local: it records the commit id)
 
@@ -21,10 +25,10 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from recurrent_coreai import families
+from recurrent_coreai import families, tokenizers
 from recurrent_coreai.hub import catalog
 from recurrent_coreai.pipeline import stage
-from recurrent_coreai.stages import derivation
+from recurrent_coreai.stages import derivation, runner_contract
 from recurrent_coreai.util import env
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import IGNORED, atomic_path, dumps_json, first_difference, sha256_file, tree_manifest
@@ -35,7 +39,7 @@ from recurrent_coreai.pipeline.records import (AOT, RECEIPT, read_aot, read_card
 
 
 def _link_tree(src: Path, dst: Path) -> None:
-    """Hard-link (or copy, across devices) a file or directory tree."""
+    """Copy a file or directory tree (:func:`_link_file`: never a hard link)."""
     if src.is_dir():
         shutil.copytree(src, dst, copy_function=_link_file, ignore=shutil.ignore_patterns(*IGNORED))
     else:
@@ -44,10 +48,18 @@ def _link_tree(src: Path, dst: Path) -> None:
 
 
 def _link_file(src, dst) -> None:
+    """A copy of ``src`` -- a reflink where the file system makes them (its own inode, the blocks
+    shared until either is written), else the bytes -- never a hard link: a staged file sharing
+    its inode with a stage output changed with any in-place edit of that output, after staging
+    had checked it, and nothing noticed (Snakemake's timestamps are the output directories')."""
+    import fcntl
+
     try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
+        with open(src, "rb") as fin, open(dst, "wb") as fout:
+            fcntl.ioctl(fout.fileno(), 0x40049409, fin.fileno())  # FICLONE (linux/fs.h)
+    except OSError:  # no reflinks here (ext4, tmpfs, another device): the bytes
+        shutil.copyfile(src, dst)
+    shutil.copystat(src, dst)
 
 
 def check_gates(gates: list[Path], tsvs: bool = False) -> dict[str, dict]:
@@ -101,8 +113,10 @@ def _stage_exports(tmp: Path, exports: list[Path], results: dict[str, dict], gat
     return records, checks
 
 
-def _stage_aots(tmp: Path, aots: list[Path], vocab: Path, results: dict[str, dict], records: dict[str, dict]):
-    """Stage ``<target>/<bundle>/`` per AOT output; returns ({folder: recipe}, checks)."""
+def _stage_aots(tmp: Path, aots: list[Path], vocab: Path, results: dict[str, dict], records: dict[str, dict],
+                contracts: Callable[[str, str, str, list[str]], dict[str, dict]]):
+    """Stage ``<target>/<bundle>/`` per AOT output, with its runner contract (``contracts(folder,
+    recipe, asset, targets)`` stages it and returns its files); returns ({folder: recipe}, checks)."""
     folders, checks = {}, []
     tokenizer_files = read_vocab(vocab)  # every file of the vocab stage's output (checked): what an app needs
     for aot_dir in aots:
@@ -123,10 +137,36 @@ def _stage_aots(tmp: Path, aots: list[Path], vocab: Path, results: dict[str, dic
         for name in tokenizer_files:
             _link_tree(vocab / name, tmp / rel / name)
         folders[rel] = recipe
-        checks.append((f"{rel}/", {**rec["files"], **tokenizer_files}, aot_dir,
+        contract_files = contracts(rel, recipe, rec["product"], [target])
+        checks.append((f"{rel}/", {**rec["files"], **tokenizer_files, **contract_files}, aot_dir,
                        f"the {target} build of the gated bundle",
                        "the AOT output changed after it was built: snakemake --forcerun aot"))
     return folders, checks
+
+
+def _contract_stager(tmp: Path, vocab: Path, records: dict[str, dict], meta: dict, source_manifest: dict):
+    """``stage(folder, recipe, asset, targets)``: writes the runner contract into ``tmp/folder``
+    (metadata.json, runner.json; tokenizer/ linked from the vocab stage's output) and returns what
+    those files must be ({name: {sha256, size}}, names relative to the folder)."""
+    vocab_files = read_vocab(vocab)
+    kind = families.tokenizer_of(meta)
+    tokenizer = tokenizers.kind(kind).load(vocab)  # once for every folder
+
+    def stage(folder: str, recipe: str, asset: str, targets: list[str]) -> dict[str, dict]:
+        record = records[recipe]
+        contract = runner_contract.build(meta["model"], record, vocab, vocab_files, asset, kind, meta["family"], tokenizer)
+        texts = runner_contract.folder_texts(contract, runner_contract.metadata(
+            contract, source_manifest["source"], record.get("recipe_spec", {}), targets))
+        expected = {}
+        for name, text in texts.items():
+            (tmp / folder / name).write_text(text, encoding="utf-8", newline="\n")
+            expected[name] = _sha(text)
+        for name, v in vocab_files.items():
+            _link_tree(vocab / name, tmp / folder / runner_contract.TOKENIZER_DIR / name)
+            expected[f"{runner_contract.TOKENIZER_DIR}/{name}"] = v
+        return expected
+
+    return stage
 
 
 def bundle_of(export_record: dict) -> str:
@@ -172,7 +212,10 @@ def stage_tree(out: Path, card: Path, vocab: Path, exports: list[Path], aots: li
     with atomic_path(out, directory=True) as tmp:
         (tmp / "README.md").write_text(card_text, encoding="utf-8", newline="\n")
         records, checks = _stage_exports(tmp, exports, results, dict(zip(results, gates)))
-        folders, aot_checks = _stage_aots(tmp, aots, vocab, results, records)
+        contracts = _contract_stager(tmp, vocab, records, meta, source_manifest)
+        folders, aot_checks = _stage_aots(tmp, aots, vocab, results, records, contracts)
+        contract_files = {f"aimodel/{bundle_of(rec)}/{name}": v for r, rec in sorted(records.items())
+                          for name, v in contracts(f"aimodel/{bundle_of(rec)}", r, rec["bundle"], []).items()}
         folders |= {f"aimodel/{bundle_of(rec)}": r for r, rec in records.items()}
         if sorted(folders) != folders_expected:
             raise PipelineError(out, f"would stage the bundle folders {sorted(folders)}, but the config names "
@@ -184,7 +227,7 @@ def stage_tree(out: Path, card: Path, vocab: Path, exports: list[Path], aots: li
         for bundle_check in checks + aot_checks:
             _verify(staged, *bundle_check)
         # every staged file, the bundles' and the records', is the bytes its stage recorded
-        recorded = _recorded(records, results, card_text, checks + aot_checks)
+        recorded = _recorded(records, results, card_text, checks + aot_checks) | contract_files
         bad = first_difference(staged, recorded)
         if bad:
             raise PipelineError(out / bad, "changed while it was staged (it differs from what its stage recorded)",

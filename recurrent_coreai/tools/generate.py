@@ -13,6 +13,17 @@ The prompt goes through the bundle's chunked prefill function when ``export.json
 (``functions``, role ``prefill``): full chunks through prefill, the tail through decode
 (:class:`.coreai_runtime.PromptSession`); otherwise, or with ``--main-only``, every prompt token
 goes through the decode function (``main``).
+
+The session is driven from the bundle's runner contract (stages/runner_contract.py: function
+names, roles, states, prefill chunk, start ids, chat stop strings, the bundle's and tokenizer's
+digests) -- built from the stage records for ``--model``/``--recipe``, or read from a published
+bundle folder with ``--bundle`` (``runner.json``, ``tokenizer/``, the ``.aimodelx``).
+
+State files (coreai/state_file.py): ``--save-state FILE`` writes the states after the prompt
+(``--save-at prompt``, the default) or after the generated text (``--save-at end``: the prompt and
+every generated token, the end-of-text token excepted); ``--load-state FILE`` starts from such a
+state, and the prompt is then fed without the start token, as the continuation of what the state
+holds. From Python: :func:`save_state`, :func:`load_state`.
 """
 
 from __future__ import annotations
@@ -27,16 +38,19 @@ from typing import Callable, Sequence
 import numpy as np
 
 from recurrent_coreai.pipeline import config as cfgmod
+from recurrent_coreai.coreai import state_file
 from recurrent_coreai.coreai.runtime import DecodeSession, PromptSession, state_spec
 from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_functions
+from recurrent_coreai.stages import runner_contract
 from recurrent_coreai.util.errors import PipelineError, main_guard
+from recurrent_coreai.util.fsutil import sha256_file
 from recurrent_coreai.pipeline.paths import Layout
 from recurrent_coreai.pipeline.records import AOT, read_aot, read_export, read_vocab
 from recurrent_coreai.tools.one_line_parser import OneLineParser, utf8_text
 from recurrent_coreai.tools.sampling import Sampler, Sampling
 from recurrent_coreai import families, tokenizers
 
-DEFAULT_STOP = ("\n\nUser:",)  # the chat format's next turn: the model would go on playing the user
+DEFAULT_STOP = runner_contract.CHAT_STOP  # the chat format's next turn (a contract's chat.stop says its own)
 
 
 def feed(session, tokens: Sequence[int]) -> np.ndarray:
@@ -104,6 +118,7 @@ class Result:
     tokens: list[int] = field(default_factory=list)  # generated, without the final EOS
     text: str = ""
     stop_reason: str = "length"  # eos | stop | length | interrupted
+    fed: int = 0  # how many of ``tokens`` went through the session (the last one sampled may not have)
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
     prompt_route: str = ""  # the functions the prompt went through (prompt_route())
@@ -129,9 +144,11 @@ def finite(session, logits: np.ndarray) -> np.ndarray:
 
 def generate(session, tokenizer, prompt_tokens: Sequence[int], sampler: Sampler, max_new_tokens: int,
              stop: Sequence[str] = (), on_text: Callable[[str], None] = lambda _text: None,
-             clock: Callable[[], float] = time.perf_counter) -> Result:
+             clock: Callable[[], float] = time.perf_counter,
+             after_prompt: Callable[[], None] | None = None) -> Result:
     """Feed ``prompt_tokens``, then decode up to ``max_new_tokens``. ``session`` has ``step(token)``
-    and maybe ``feed(tokens)`` (both return logits); ``on_text`` receives the text as it becomes final."""
+    and maybe ``feed(tokens)`` (both return logits); ``on_text`` receives the text as it becomes final;
+    ``after_prompt`` is called once the prompt is in the states (``--save-at prompt``)."""
     res = Result(list(prompt_tokens), prompt_route=prompt_route(session, len(prompt_tokens)))
     stream = TextStream(stop)
     context = list(prompt_tokens)
@@ -150,6 +167,9 @@ def generate(session, tokenizer, prompt_tokens: Sequence[int], sampler: Sampler,
         return res
     t1 = clock()
     res.prompt_seconds = t1 - t0
+    if after_prompt is not None:
+        after_prompt()
+        t1 = clock()
     try:
         while len(res.tokens) < max_new_tokens:
             tok = sampler(logits, context)
@@ -164,6 +184,7 @@ def generate(session, tokenizer, prompt_tokens: Sequence[int], sampler: Sampler,
                 break
             if len(res.tokens) < max_new_tokens:
                 logits = finite(session, session.step(tok))
+                res.fed += 1
     except KeyboardInterrupt:
         res.stop_reason = "interrupted"
     res.decode_seconds = clock() - t1
@@ -179,11 +200,12 @@ def chat_tokens(tokenizer, prompt: str, chat: bool = True) -> list[int]:
 
 
 def open_bundle(results: Path, model: str, recipe: str, use_prefill: bool = True, tokenizer_kind: str = "world",
-                sampling: Sampling | None = None):
+                sampling: Sampling | None = None, family: str | None = None):
     """The runtime session over a recipe's lowered universal bundle — a :class:`PromptSession` when
     the bundle has a prefill function (and ``use_prefill``), else a :class:`DecodeSession` — and
-    the model's tokenizer. ``sampling`` is checked against the bundle's logits (export.json) before
-    the runtime loads it."""
+    the model's tokenizer. The session is made from the bundle's runner contract, built from the
+    stage records (``session.contract``; ``family`` names the states' meanings in it).
+    ``sampling`` is checked against the bundle's logits (export.json) before the runtime loads it."""
     lay = Layout(results, model)
     aot_dir, vocab = lay.aot("universal", recipe), lay.vocab
     if not (aot_dir / AOT).is_file():
@@ -194,30 +216,99 @@ def open_bundle(results: Path, model: str, recipe: str, use_prefill: bool = True
     # the bytes the export, aot and vocab stages recorded, before the runtime sees them
     record = read_export(lay.export(recipe))
     lowering = read_aot(aot_dir)
-    read_vocab(vocab)
+    vocab_files = read_vocab(vocab)
     if record["recipe"] != recipe or lowering["recipe"] != recipe or lowering["from"] != record["files"]:
         raise PipelineError(aot_dir, f"is not the lowering of {model}/{recipe}'s exported bundle (its aot.json names "
                             f"recipe {lowering['recipe']}, built from other bytes)" if lowering["from"] != record["files"]
                             else f"names recipe {lowering['recipe']}, the export {record['recipe']}, not {recipe}",
                             "rerun it: snakemake --cores 1 publish --forcerun aot")
-    aimodelx = aot_dir / lowering["product"]
-    functions = bundle_functions(record)
+    bundle_functions(record)  # an export from before the entry-point table: one line
     if sampling is not None:
-        logits = [t["shape"][-1] for t in functions[DECODE].get("outputs", []) if t["name"] == "logits"]
-        sampling.check(vocab=int(logits[0]) if logits else None)
+        sampling.check(vocab=_logits_width(record["functions"]))
     tokenizer = tokenizers.kind(tokenizer_kind).load(vocab)
+    contract = runner_contract.build(model, record, vocab, vocab_files, lowering["product"], tokenizer_kind, family,
+                                     tokenizer)
+    return session_from_contract(aot_dir / lowering["product"], contract, use_prefill), tokenizer
+
+
+def _logits_width(functions: dict) -> int | None:
+    decode = next((f for f in functions.values() if f.get("role") == DECODE), {})
+    logits = [t["shape"][-1] for t in decode.get("outputs", []) if t["name"] == "logits"]
+    return int(logits[0]) if logits else None
+
+
+def session_from_contract(aimodelx: Path, contract: dict, use_prefill: bool = True):
+    """The runtime session a runner contract describes (its functions, roles and states), with
+    ``contract`` and its state-file ``identity`` attached."""
+    record = runner_contract.session_record(contract)
+    functions = bundle_functions(record)
     if use_prefill and PREFILL in functions:
-        return PromptSession(aimodelx, record), tokenizer
-    return DecodeSession(aimodelx, *state_spec(record), function=functions[DECODE]["name"],
-                         expected=functions[DECODE]), tokenizer
+        session = PromptSession(aimodelx, record)
+    else:
+        session = DecodeSession(aimodelx, *state_spec(record), function=functions[DECODE]["name"],
+                                expected=functions[DECODE])
+    session.contract, session.identity = contract, runner_contract.identity(contract)
+    return session
+
+
+def open_folder(folder: Path, use_prefill: bool = True, sampling: Sampling | None = None):
+    """(session, tokenizer) from a published bundle folder (``publish/universal/<bundle>/``):
+    everything from its ``runner.json`` and ``tokenizer/`` -- no config, no stage records."""
+    folder = Path(folder)
+    contract = runner_contract.read(folder)
+    asset = folder / contract["asset"]
+    if asset.suffix != ".aimodelx":
+        raise PipelineError(asset, "is not a universal lowering (.aimodelx), the form this host's Core AI runtime runs",
+                            f"give the universal folder: {folder.parent.parent / 'universal' / folder.name}")
+    tok_dir = folder / runner_contract.TOKENIZER_DIR
+    files = {p.name: {"sha256": sha256_file(p), "size": p.stat().st_size} for p in sorted(tok_dir.iterdir())
+             if p.is_file()} if tok_dir.is_dir() else {}
+    if runner_contract.tokenizer_digest(files) != contract["tokenizer"]["sha256"]:
+        raise PipelineError(tok_dir, f"does not hold the tokenizer files {runner_contract.CONTRACT} names (their digest "
+                            "differs)", "download the bundle folder again")
+    if sampling is not None:
+        sampling.check(vocab=_logits_width(contract["functions"]))
+    tokenizer = tokenizers.kind(contract["tokenizer"]["kind"]).load(tok_dir)
+    return session_from_contract(asset, contract, use_prefill), tokenizer
+
+
+def save_state(session, path: str | Path, tokens: int) -> Path:
+    """Save the session's states (after ``tokens`` tokens) to a state file (coreai/state_file.py).
+    ``session`` is one :func:`open_bundle` or :func:`open_folder` made::
+
+        session, tok = open_bundle(Path("results"), "rwkv7-tiny", "fp32")
+        with session:
+            ids = chat_tokens(tok, "You are a pirate.", chat=False)
+            session.feed(ids)
+            save_state(session, "pirate.state", len(ids))
+    """
+    return state_file.save(path, session.state_arrays(), session.identity, tokens)
+
+
+def load_state(session, path: str | Path) -> int:
+    """Load a state file into the session (refused in one line unless it fits the bundle); the
+    number of tokens it holds. Feed the continuation next, without the start token
+    (:func:`continuation_tokens`)."""
+    arrays, tokens = state_file.load(path, session.identity, session.state_shapes, session.state_dtype)
+    session.set_states(arrays)
+    return tokens
+
+
+def continuation_tokens(tokenizer, prompt: str, chat: bool = True) -> list[int]:
+    """The prompt as :func:`chat_tokens` makes it, less the start ids every prompt begins with:
+    what follows a loaded state."""
+    head = len(tokenizer.prompt("", chat=False))
+    return tokenizer.prompt(prompt, chat)[head:]
 
 
 def parser() -> OneLineParser:
     p = OneLineParser(prog="python -m recurrent_coreai generate",
                       description="Generate text with a built bundle in the Core AI runtime.")
     p.add_argument("prompt", type=utf8_text)
-    p.add_argument("--model", required=True)
-    p.add_argument("--recipe", required=True)
+    p.add_argument("--model", help="the model (with --recipe; or --bundle)")
+    p.add_argument("--recipe")
+    p.add_argument("--bundle", type=Path, help="a published bundle folder (publish/universal/<bundle>): run it from "
+                   "its runner contract, without config or stage records")
     p.add_argument("--config-file", default=cfgmod.DEFAULT_FILE, help="where `results:` is read (default %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
@@ -228,41 +319,77 @@ def parser() -> OneLineParser:
     p.add_argument("--stop", action="append", type=utf8_text, help="stop string (repeatable); default: '\\n\\nUser:' in chat mode")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text after token 0")
     p.add_argument("--main-only", action="store_true", help="feed the prompt through main even if prefill exists")
+    p.add_argument("--save-state", type=Path, metavar="FILE", help="save the states to FILE (docs/tools.md#state-files)")
+    p.add_argument("--save-at", choices=("prompt", "end"), default="prompt",
+                   help="save after the prompt (default) or after the generated text")
+    p.add_argument("--load-state", type=Path, metavar="FILE",
+                   help="start from a saved state; the prompt continues it (fed without the start token)")
     return p
 
 
-@main_guard
-def main(argv=None) -> int:
-    ns = parser().parse_args(argv)
-    cfg = cfgmod.load(ns.config_file)
-    cfgmod.model(cfg, ns.model)  # an unknown model or recipe is one line
-    cfgmod.recipe(cfg, ns.recipe)
+def _check_args(ns) -> None:
+    if ns.bundle is None and (ns.model is None or ns.recipe is None):
+        raise PipelineError("generate", "names no bundle", "give --model M --recipe R, or --bundle FOLDER")
+    if ns.bundle is not None and (ns.model is not None or ns.recipe is not None):
+        raise PipelineError("--bundle", "is given with --model/--recipe", "give one of them: the folder names its model")
     if ns.max_new_tokens < 1:
         raise PipelineError("--max-new-tokens", f"{ns.max_new_tokens} is out of range", "use a positive count")
     if ns.seed is not None and not 0 <= ns.seed < 2**64:
         raise PipelineError("--seed", f"{ns.seed} is out of range", "use an integer from 0 to 2**64-1 "
                             "(or leave --seed out for a fresh one)")
+    if ns.save_state is not None and not ns.save_state.parent.resolve().is_dir():
+        raise PipelineError(ns.save_state, "its directory does not exist", "create it, or save the state elsewhere")
+    if ns.save_state is not None and ns.save_state.is_dir():
+        raise PipelineError(ns.save_state, "is a directory", "give a file name for the state")
+
+
+@main_guard
+def main(argv=None) -> int:
+    ns = parser().parse_args(argv)
+    _check_args(ns)
     sampler = Sampler(Sampling(ns.temperature, ns.top_k, ns.top_p, ns.repetition_penalty, ns.seed))
-    stop = ns.stop if ns.stop is not None else ([] if ns.no_chat else list(DEFAULT_STOP))
-    kind = families.tokenizer_of(cfgmod.model(cfg, ns.model), cfgmod.origin(cfg))
-    session, tokenizer = open_bundle(Path(cfg["results"]), ns.model, ns.recipe, use_prefill=not ns.main_only,
-                                     tokenizer_kind=kind, sampling=sampler.cfg)
-    try:
-        prompt = chat_tokens(tokenizer, ns.prompt, chat=not ns.no_chat)
-    except ValueError as exc:
-        raise PipelineError("prompt", str(exc), "remove that character from the prompt") from None
+    if ns.bundle is not None:
+        session, tokenizer = open_folder(ns.bundle, use_prefill=not ns.main_only, sampling=sampler.cfg)
+    else:
+        cfg = cfgmod.load(ns.config_file)
+        model = cfgmod.model(cfg, ns.model)  # an unknown model or recipe is one line
+        cfgmod.recipe(cfg, ns.recipe)
+        kind = families.tokenizer_of(model, cfgmod.origin(cfg))
+        session, tokenizer = open_bundle(Path(cfg["results"]), ns.model, ns.recipe, use_prefill=not ns.main_only,
+                                         tokenizer_kind=kind, sampling=sampler.cfg, family=model["family"])
+    contract = session.contract
+    stop = ns.stop if ns.stop is not None else ([] if ns.no_chat else list(contract["chat"]["stop"]))
     out = sys.stdout.buffer
 
     def write(text: str) -> None:
         out.write(text.encode("utf-8"))
         out.flush()
 
-    if not sampler.cfg.greedy:
-        print(f"sampling: seed {sampler.seed}", file=sys.stderr)
     with session:
-        res = generate(session, tokenizer, prompt, sampler, ns.max_new_tokens, stop, write)
+        held = load_state(session, ns.load_state) if ns.load_state is not None else 0
+        try:
+            prompt = (continuation_tokens if held else chat_tokens)(tokenizer, ns.prompt, chat=not ns.no_chat)
+        except ValueError as exc:
+            raise PipelineError("prompt", str(exc), "remove that character from the prompt") from None
+        if not prompt:
+            raise PipelineError("prompt", "is empty after the loaded state (no token to feed)",
+                                "give the text that continues the saved state")
+        if not sampler.cfg.greedy:
+            print(f"sampling: seed {sampler.seed}", file=sys.stderr)
+        after_prompt = None
+        if ns.save_state is not None and ns.save_at == "prompt":
+            def after_prompt() -> None:
+                save_state(session, ns.save_state, held + len(prompt))
+        res = generate(session, tokenizer, prompt, sampler, ns.max_new_tokens, stop, write, after_prompt=after_prompt)
+        if ns.save_state is not None and ns.save_at == "end" and res.stop_reason != "interrupted":
+            for tok in res.tokens[res.fed:]:  # the states hold every generated token before they are saved
+                finite(session, session.step(tok))
+            save_state(session, ns.save_state, held + len(prompt) + len(res.tokens))
     write("\n")
     print(res.speeds(), file=sys.stderr)
+    if ns.save_state is not None and res.stop_reason != "interrupted":
+        print(f"state: {held + len(prompt) + (len(res.tokens) if ns.save_at == 'end' else 0)} tokens saved to "
+              f"{ns.save_state}", file=sys.stderr)
     return 130 if res.stop_reason == "interrupted" else 0
 
 
