@@ -4,11 +4,14 @@ stale -- read from the records in ``results/``, from ``dvc.yaml`` (which stages)
 
 * built: the recipe's ``export.json`` exists (its bundle size).
 * gate: the gate JSON's verdict, top-1 agreement outside near-ties and max|dlogits|
-  (``FAIL`` from ``<recipe>.failed.json`` when the last gate failed).
+  (``FAIL`` from ``<recipe>.failed.json`` when the last gate failed: where both are there, the
+  newer one is the last verdict).
 * published: the commit of ``publish.json`` (``push.commit``), ``staged`` when the receipt
   exists without a push, ``no`` otherwise.
-* stale: what changed since the build. ``toolchain``: an installed version differs from
-  ``results/toolchain.json``; ``code: <rule>``: a code file that ``dvc.lock`` records for a
+* stale: what changed since the build. ``config: gate (<keys>)``: the gate JSON records other gate
+  settings (thresholds, near-tie epsilon, prompts) than the config in force gives its model and
+  recipe, so its verdict is not this config's (publish would refuse it); ``toolchain``: an
+  installed version differs from ``results/toolchain.json``; ``code: <rule>``: a code file that ``dvc.lock`` records for a
   stage the row depends on (the files of fingerprint.code_files, which Snakemake's ``params:
   code`` hashes) has another md5 now, or is gone. A stage that starts importing another module
   must change one of its recorded files to do so, so the recorded md5s cover the file set too
@@ -275,6 +278,31 @@ def _stale(stages: set[str] | str, tool: list[str], code: CodeCheck | str | None
     return "; ".join(reasons) or "no"
 
 
+GATE_SETTINGS = ("thresholds", "near_tie_epsilon", "prompts")  # what a gate JSON records of the settings it ran
+
+
+def gate_config_changes(cfg: dict, model: str, recipe: str, gate: dict) -> list[str]:
+    """The gate settings ``gate`` (a gate JSON) records that the config in force gives otherwise for
+    its model and recipe (``thresholds``, ``near_tie_epsilon``, ``prompts``; a key the record does
+    not hold is not compared)."""
+    try:
+        now = cfgmod.gate_settings(cfgmod.settings(cfg, "gate", model=model, recipe=recipe), recipe)
+    except (KeyError, PipelineError):  # a recipe the config has no thresholds for: nothing to compare
+        return []
+    return [key for key in GATE_SETTINGS if key in gate and gate[key] != now.get(key)]
+
+
+def last_gate(json_path: Path) -> Path:
+    """The gate record that holds the last verdict: ``<recipe>.failed.json`` where it is newer than
+    ``<recipe>.json`` (or alone), else ``<recipe>.json``."""
+    failed = json_path.with_suffix(".failed.json")
+    try:
+        newer = failed.stat().st_mtime_ns >= json_path.stat().st_mtime_ns
+    except FileNotFoundError:
+        newer = not json_path.exists()
+    return failed if newer and failed.exists() else json_path
+
+
 def _published(receipt: dict | None, recipe: str) -> str:
     if not receipt or recipe not in receipt["gates"]:
         return "no"
@@ -327,9 +355,7 @@ def survey(cfg: dict, root: Path = ROOT) -> Survey:
             export = out.read(lay.export(recipe) / "export.json", EXPORT_KEYS,
                               listing.rerun(lay.export(recipe) / "export.json", lay.export(recipe)))
             gate_rerun = listing.rerun(lay.gate_json(recipe), lay.gate_json(recipe))
-            gate = out.read(lay.gate_json(recipe), GATE_KEYS, gate_rerun)
-            if gate is None:
-                gate = out.read(lay.gate_json(recipe).with_suffix(".failed.json"), GATE_KEYS, gate_rerun)
+            gate = out.read(last_gate(lay.gate_json(recipe)), GATE_KEYS, gate_rerun)
             if gate is None and isinstance(receipt, dict) and recipe in receipt["gates"]:
                 # the publish receipt says this recipe was gated: its gate record is missing, not "not gated"
                 out.problems.append(PipelineError(lay.gate_json(recipe), f"is missing, but {lay.publish / 'publish.json'} "
@@ -340,6 +366,9 @@ def survey(cfg: dict, root: Path = ROOT) -> Survey:
                 stages = listing.row(lay, recipe)
                 unlisted += [recipe] if isinstance(stages, str) and listing.graph is not None else []
                 stale = _stale(stages, tool, code)
+                changed = gate_config_changes(cfg, name, recipe, gate) if isinstance(gate, dict) else []
+                if changed:
+                    stale = "; ".join([f"config: gate ({', '.join(changed)})"] + ([] if stale == "no" else [stale]))
             row = {"model": name, "recipe": recipe, "built": "no", "gate": "-", "top-1": "-", "max|dlogits|": "-",
                    "published": CORRUPT if receipt == CORRUPT else _published(receipt, recipe), "stale": stale}
             if export == CORRUPT:
