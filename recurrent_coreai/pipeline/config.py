@@ -334,10 +334,11 @@ STAGE_KEYS: dict[str, list[tuple[str, ...]]] = {
     "gate_shard": [("gate", "prompts"), ("gate", "steps"), ("gate", "near_tie_epsilon"),
                    ("gate", "thresholds", "{recipe}"), ("models", "{model}", "gate")],
     "card": [("models", "{model}"), ("recipes",), ("targets",)],
-    # publish renders the card again and recomputes each gate verdict from its TSV (stages/derivation.py):
-    # the card's settings and the gate's, every recipe's thresholds
+    # publish renders the card again, recomputes each gate verdict from its TSV and bakes the vocab
+    # stage's tables again (stages/derivation.py): the card's settings and the gate's, every recipe's
+    # thresholds, the tokenizer settings
     "stage_and_push": [("models", "{model}"), ("recipes",), ("targets",), ("gate", "prompts"), ("gate", "steps"),
-                       ("gate", "near_tie_epsilon"), ("gate", "thresholds")],
+                       ("gate", "near_tie_epsilon"), ("gate", "thresholds"), ("vocab",)],
     "doctor": [("models", "{model}", "family")],
     "report": [],
 }

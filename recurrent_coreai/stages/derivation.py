@@ -12,7 +12,12 @@ inputs and compared with what is on disk:
 * ``export.json``: its ``files`` and ``size_bytes`` against the bundle's bytes;
 * an AOT output's ``aot.json``: what it was built from against ``export.json``;
 * the card: rendered again from the records it is made of (:func:`stages.card.card_text`);
-* the build report: rendered again likewise (:func:`stages.report.report_text`).
+* the build report: rendered again likewise (:func:`stages.report.report_text`);
+* the vocab stage's output (``vocab.record.json`` and the device table of every tokenizer kind:
+  ``rwkv_vocab.tsv``, ``bpe_vocab.tsv``, ``spbpe_vocab.tsv``, ``bytes_vocab.tsv``, and the files
+  beside it): baked again by the model's tokenizer kind from the source's tokenizer file (World:
+  the pinned vocabulary) with the settings in force, and compared byte for byte
+  (:func:`check_vocab`): a table with two ids swapped and its record sealed again is refused.
 
 The seals stay the first check (they are cheap and name the stage to rerun); a record that is
 sealed but disagrees with what it derives from is ONE line naming both files
@@ -27,11 +32,13 @@ import io
 import math
 import re
 import shlex
+import tempfile
 from pathlib import Path
 
+from recurrent_coreai import families, tokenizers
 from recurrent_coreai.pipeline import config as cfgmod
 from recurrent_coreai.pipeline.records import (AOT, EXPORT, check_seal, read_aot, read_card, read_export, read_gate,
-                                              read_gate_tsv, read_report, rerun_fix, unseal_card)
+                                              read_gate_tsv, read_report, read_vocab, rerun_fix, unseal_card)
 from recurrent_coreai.stages import card, gate, report
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.util.fsutil import first_difference, sha256_file, tree_manifest
@@ -108,12 +115,23 @@ def check_gate(json_path: Path, settings: dict, export_dir: Path | None = None, 
                             f"{r['engine_top1']} and reference top-1 {r['ref_top1']}", "gate")
     prefill = record.get("prefill") or {}
     prefill_rows = prefill.get("rows") or []
-    decode = gate.verdict(rows, settings["thresholds"], counted_over=rows + prefill_rows)
+    text = record.get("text") or {}
+    if bool(text) != bool(settings.get("text")):
+        raise disagrees(json_path, "the config in force", f"holds {'a' if text else 'no'} text stream, the config "
+                        f"sets {'a' if settings.get('text') else 'no'} gate/text", "gate")
+    text_rows = text.get("rows") or []
+    decode = gate.verdict(rows, settings["thresholds"], counted_over=rows + prefill_rows + text_rows)
     _compare(json_path, tsv, record, {k: v for k, v in decode.items() if k not in ("pass", "reasons")}, "gate")
     if prefill:
         pre = gate.verdict(prefill_rows, settings["thresholds"], counted_over=[])
         _compare(json_path, json_path, prefill, {k: v for k, v in pre.items() if k != "reasons"}, "gate", "prefill ")
-    problems = decode["reasons"] + ([] if prefill.get("pass", False) else ["prefill"])
+    if text:
+        states = {h.get("horizon"): h.get("states") for h in text.get("horizons") or []}
+        derived = gate.text_verdict(text_rows, states, list(settings["text"]["horizons"]), text.get("chunk"),
+                                    settings["thresholds"])
+        _compare(json_path, json_path, text, {k: v for k, v in derived.items() if k != "reasons"}, "gate", "text ")
+    problems = (decode["reasons"] + ([] if prefill.get("pass", False) else ["prefill"])
+                + ([] if not text or text.get("pass", False) else ["text"]))
     tested = (record.get("tested_files") or {}).get("aimodel") or {}
     if export_dir is not None:
         export = check_export(export_dir)
@@ -191,6 +209,29 @@ def check_report(path: Path, model: str, inputs: dict) -> None:
                         "it is not the page they render", "report")
 
 
+# --- the vocab stage's tables ----------------------------------------------------------------------
+def check_vocab(vocab_dir: Path, model: str, settings: dict, source: Path) -> dict:
+    """The vocab stage's output (its record checked first: :func:`records.read_vocab`) is what the
+    model's tokenizer kind bakes from ``source`` (its tokenizer file; World: the pinned vocabulary
+    of ``settings["vocab"]``) with the settings in force (``settings``: a stage's, holding
+    ``models.<model>`` and ``vocab``), file for file and byte for byte. Returns the vocab record's files."""
+    recorded = read_vocab(vocab_dir)
+    spec = settings["models"][model]
+    kind = families.tokenizer_of(spec)
+    with tempfile.TemporaryDirectory(prefix=".vocab-derived.") as tmp:
+        fresh_dir = Path(tmp) / "vocab"
+        tokenizers.kind(kind).bake_stage(Path(source), fresh_dir, {**settings["vocab"],
+                                                                   tokenizers.EOS_KEY: spec.get(tokenizers.EOS_KEY)})
+        fresh = tree_manifest(fresh_dir)
+    bad = first_difference(recorded, fresh)
+    if bad:
+        what = ("is not among the files" if bad not in fresh else "is missing from the files" if bad not in recorded
+                else "differs from the table")
+        raise disagrees(Path(vocab_dir) / bad, source, f"{what} the {kind} tokenizer kind bakes from the tokenizer "
+                        "file it was made from (a table edited and its vocab.record.json sealed again?)", "vocab")
+    return recorded
+
+
 # --- what publish reads, what DVC records ----------------------------------------------------------
 def check_publish_inputs(model: str, settings: dict, source: Path, card_path: Path, vocab: Path, toolchain: Path,
                          exports: list[Path], gates: list[Path], aots: list[Path], reference: Path | None) -> None:
@@ -204,6 +245,7 @@ def check_publish_inputs(model: str, settings: dict, source: Path, card_path: Pa
         recipe = check_seal(Path(path) / AOT, "aot")["recipe"]
         if recipe in by_recipe:
             check_aot(Path(path), by_recipe[recipe])
+    check_vocab(vocab, model, settings, source)
     check_card(card_path, model, settings, source, vocab, toolchain, exports, gates, card.curated_card(model))
 
 
@@ -242,6 +284,9 @@ def check_stage(stage: dict) -> None:
         check_export(Path(one["out"]))
     elif script == "aot":
         check_aot(Path(one["out"]), Path(one["export"]))
+    elif script == "vocab":
+        cfg = cfgmod.load(one.get("config_file", cfgmod.DEFAULT_FILE))
+        check_vocab(Path(one["out"]), one["model"], cfgmod.settings(cfg, "vocab", model=one["model"]), Path(one["source"]))
     elif script in ("gate", "card", "report", "publish"):
         cfg = cfgmod.load(one.get("config_file", cfgmod.DEFAULT_FILE))
         if script == "gate":
