@@ -10,12 +10,14 @@ from recurrent_coreai import families
 from recurrent_coreai.pipeline import fingerprint
 from recurrent_coreai.coreai import toolchain
 from recurrent_coreai.pipeline import resources as sizing  # cluster resources from the model's size
-from recurrent_coreai.util import fsutil
+from recurrent_coreai.util import env, fsutil
 from recurrent_coreai.util.errors import PipelineError, exit_on_error
 from recurrent_coreai.pipeline.paths import STATE_DIR, Layout, card_inputs, publish_inputs
 from recurrent_coreai.stages.card import curated_card as curated_path
 
 RUN_START = time.time()  # outputs newer than this were built by this run (see scripts/dvc_record.py)
+# RECURRENT_COREAI_RECORD_KEY set but empty (an unset CI secret) is one line before anything runs
+exit_on_error(env.record_key)
 # Snakemake merged config.yaml, every --configfile and --config into `config`; the stages read
 # exactly that (CONFIG_FILE is config.yaml itself when nothing was merged over it).
 ORIGINS = [f for f in ["config.yaml"] if os.path.exists(f)] + list(map(str, workflow.overwrite_configfiles))

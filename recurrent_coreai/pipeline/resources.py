@@ -31,6 +31,7 @@ from recurrent_coreai import families
 from recurrent_coreai.pipeline import config as cfgmod
 from recurrent_coreai.pipeline import shards
 from recurrent_coreai.pipeline.records import EXPORT, MANIFEST, load_json
+from recurrent_coreai.util.errors import exit_on_error
 
 NAMES = ("mem_mb", "runtime", "cpus_per_task")
 DTYPE_BYTES = {"float32": 4, "float16": 2}
@@ -141,7 +142,11 @@ def for_rule(rule: str, config: dict, record: str | None = None) -> dict[str, Ca
 
     def one(name: str) -> Callable:
         def value(wildcards, input, attempt, threads):  # noqa: A002 - Snakemake passes these by name
-            n = parameters_recorded(config["models"][wildcards.model]["family"], input[record]) if record else None
+            # a record Snakemake sizes a job from that is refused (its seal, its MAC under
+            # RECURRENT_COREAI_RECORD_KEY) is the house's one line and exit 1, not Snakemake's
+            # InputFunctionException traceback
+            n = exit_on_error(lambda: parameters_recorded(config["models"][wildcards.model]["family"],
+                                                          input[record])) if record else None
             return job_needs(rule, config, dict(wildcards.items()), n, attempt, threads)[name]
         return value
 

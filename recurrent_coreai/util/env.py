@@ -33,9 +33,17 @@ def hub_token() -> str | None:
 
 
 def record_key() -> bytes | None:
-    """The key of the records' MACs (:data:`RECORD_KEY_VAR`), or None: records are then sealed
-    with a plain digest, as before the key existed. Never printed, never written."""
+    """The key of the records' MACs (:data:`RECORD_KEY_VAR`), or None where it is unset: records
+    are then sealed with a plain digest, as before the key existed. Set but empty (or blank) is
+    an error, not "no key": that is what an unset CI secret expands to, and the MAC would be off
+    with no word. Never printed, never written."""
     value = os.environ.get(RECORD_KEY_VAR)
+    if value is not None and not value.strip():
+        from recurrent_coreai.util.errors import PipelineError
+
+        raise PipelineError(RECORD_KEY_VAR, "is set but empty: records would be sealed and checked without a MAC",
+                            f"set it to the key (an unset CI secret expands to an empty value), or unset it "
+                            f"(unset {RECORD_KEY_VAR}) to seal without one")
     return value.encode() if value else None
 
 
