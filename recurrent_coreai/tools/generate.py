@@ -204,8 +204,16 @@ def open_bundle(results: Path, model: str, recipe: str, use_prefill: bool = True
     """The runtime session over a recipe's lowered universal bundle — a :class:`PromptSession` when
     the bundle has a prefill function (and ``use_prefill``), else a :class:`DecodeSession` — and
     the model's tokenizer. The session is made from the bundle's runner contract, built from the
-    stage records (``session.contract``; ``family`` names the states' meanings in it).
-    ``sampling`` is checked against the bundle's logits (export.json) before the runtime loads it."""
+    stage records (:func:`bundle_contract`; ``session.contract``, ``session.identity``)."""
+    aimodelx, contract, tokenizer = bundle_contract(results, model, recipe, tokenizer_kind, sampling, family)
+    return session_from_contract(aimodelx, contract, use_prefill), tokenizer
+
+
+def bundle_contract(results: Path, model: str, recipe: str, tokenizer_kind: str = "world",
+                    sampling: Sampling | None = None, family: str | None = None):
+    """(lowered bundle, runner contract, tokenizer) of a recipe's universal bundle, from the stage
+    records, each checked; nothing loaded in the runtime yet. ``family`` names the states' meanings
+    in the contract; ``sampling`` is checked against the bundle's logits (export.json)."""
     lay = Layout(results, model)
     aot_dir, vocab = lay.aot("universal", recipe), lay.vocab
     if not (aot_dir / AOT).is_file():
@@ -228,7 +236,7 @@ def open_bundle(results: Path, model: str, recipe: str, use_prefill: bool = True
     tokenizer = tokenizers.kind(tokenizer_kind).load(vocab)
     contract = runner_contract.build(model, record, vocab, vocab_files, lowering["product"], tokenizer_kind, family,
                                      tokenizer)
-    return session_from_contract(aot_dir / lowering["product"], contract, use_prefill), tokenizer
+    return aot_dir / lowering["product"], contract, tokenizer
 
 
 def _logits_width(functions: dict) -> int | None:
@@ -254,6 +262,12 @@ def session_from_contract(aimodelx: Path, contract: dict, use_prefill: bool = Tr
 def open_folder(folder: Path, use_prefill: bool = True, sampling: Sampling | None = None):
     """(session, tokenizer) from a published bundle folder (``publish/universal/<bundle>/``):
     everything from its ``runner.json`` and ``tokenizer/`` -- no config, no stage records."""
+    aimodelx, contract, tokenizer = folder_contract(folder, sampling)
+    return session_from_contract(aimodelx, contract, use_prefill), tokenizer
+
+
+def folder_contract(folder: Path, sampling: Sampling | None = None):
+    """(lowered bundle, runner contract, tokenizer) of a published bundle folder, checked."""
     folder = Path(folder)
     contract = runner_contract.read(folder)
     asset = folder / contract["asset"]
@@ -269,7 +283,7 @@ def open_folder(folder: Path, use_prefill: bool = True, sampling: Sampling | Non
     if sampling is not None:
         sampling.check(vocab=_logits_width(contract["functions"]))
     tokenizer = tokenizers.kind(contract["tokenizer"]["kind"]).load(tok_dir)
-    return session_from_contract(asset, contract, use_prefill), tokenizer
+    return asset, contract, tokenizer
 
 
 def save_state(session, path: str | Path, tokens: int) -> Path:
@@ -292,6 +306,13 @@ def load_state(session, path: str | Path) -> int:
     arrays, tokens = state_file.load(path, session.identity, session.state_shapes, session.state_dtype)
     session.set_states(arrays)
     return tokens
+
+
+def read_state(contract: dict, path: str | Path) -> tuple[dict, int]:
+    """A state file checked against the bundle of ``contract`` before any runtime session exists:
+    (the arrays, the tokens they hold); one line if it does not fit."""
+    shapes, dtype = state_spec(runner_contract.session_record(contract))
+    return state_file.load(path, runner_contract.identity(contract), shapes, dtype)
 
 
 def continuation_tokens(tokenizer, prompt: str, chat: bool = True) -> list[int]:
@@ -349,31 +370,34 @@ def main(argv=None) -> int:
     _check_args(ns)
     sampler = Sampler(Sampling(ns.temperature, ns.top_k, ns.top_p, ns.repetition_penalty, ns.seed))
     if ns.bundle is not None:
-        session, tokenizer = open_folder(ns.bundle, use_prefill=not ns.main_only, sampling=sampler.cfg)
+        aimodelx, contract, tokenizer = folder_contract(ns.bundle, sampling=sampler.cfg)
     else:
         cfg = cfgmod.load(ns.config_file)
         model = cfgmod.model(cfg, ns.model)  # an unknown model or recipe is one line
         cfgmod.recipe(cfg, ns.recipe)
         kind = families.tokenizer_of(model, cfgmod.origin(cfg))
-        session, tokenizer = open_bundle(Path(cfg["results"]), ns.model, ns.recipe, use_prefill=not ns.main_only,
-                                         tokenizer_kind=kind, sampling=sampler.cfg, family=model["family"])
-    contract = session.contract
+        aimodelx, contract, tokenizer = bundle_contract(Path(cfg["results"]), ns.model, ns.recipe, kind, sampler.cfg,
+                                                        model["family"])
     stop = ns.stop if ns.stop is not None else ([] if ns.no_chat else list(contract["chat"]["stop"]))
+    # every refusal before the runtime loads the bundle (its load lines go to stderr)
+    arrays, held = read_state(contract, ns.load_state) if ns.load_state is not None else (None, 0)
+    try:
+        prompt = (continuation_tokens if held else chat_tokens)(tokenizer, ns.prompt, chat=not ns.no_chat)
+    except ValueError as exc:
+        raise PipelineError("prompt", str(exc), "remove that character from the prompt") from None
+    if not prompt:
+        raise PipelineError("prompt", "is empty after the loaded state (no token to feed)",
+                            "give the text that continues the saved state")
     out = sys.stdout.buffer
 
     def write(text: str) -> None:
         out.write(text.encode("utf-8"))
         out.flush()
 
+    session = session_from_contract(aimodelx, contract, use_prefill=not ns.main_only)
     with session:
-        held = load_state(session, ns.load_state) if ns.load_state is not None else 0
-        try:
-            prompt = (continuation_tokens if held else chat_tokens)(tokenizer, ns.prompt, chat=not ns.no_chat)
-        except ValueError as exc:
-            raise PipelineError("prompt", str(exc), "remove that character from the prompt") from None
-        if not prompt:
-            raise PipelineError("prompt", "is empty after the loaded state (no token to feed)",
-                                "give the text that continues the saved state")
+        if arrays is not None:
+            session.set_states(arrays)
         if not sampler.cfg.greedy:
             print(f"sampling: seed {sampler.seed}", file=sys.stderr)
         after_prompt = None
