@@ -291,6 +291,16 @@ class Family(abc.ABC):
         shapes are stated once)."""
         return self._own("geometry", "state_specs")(geom)
 
+    def tuned_states(self, tensors: Mapping[str, Any], geom: Geometry, where: str | Path) -> dict[str, Any]:
+        """A state-tuning file's tensors (BlinkDL's trainer, RWKV-PEFT: a trained initial state per
+        layer) as the bundle's initial states, :meth:`state_specs` names and shapes, float32 numpy.
+        Only a family whose trainers write such files has them (RWKV-6, RWKV-7: :func:`rwkv_time_states`)."""
+        del tensors, geom
+        from recurrent_coreai.util.errors import PipelineError
+
+        raise PipelineError(where, f"is a state-tuning file, which family {self.name} has none of (BlinkDL's trainer "
+                            "writes them for RWKV-6 and RWKV-7)", "load a state file generate --save-state wrote")
+
     def build_decode(self, weights: Mapping[str, Any] | Iterable[tuple[str, Any]], geom: Geometry, dtype: Any,
                      each_linear: EachLinear | None = None) -> Any:
         """The decode module (``input_ids`` [1,1] int32, ``position_ids`` [1,1] int32 -> ``logits``
@@ -347,3 +357,33 @@ class Family(abc.ABC):
 
     def describe(self) -> str:
         return f"{self.name} ({self.display_name})"
+
+
+def rwkv_time_states(tensors: Mapping[str, Any], layers: int, heads: int, head_dim: int, where: str | Path):
+    """The matrix state of a BlinkDL state-tuning file as a bundle's ``[layers, 1, heads, K, V]``
+    (float32 numpy). The file holds ``blocks.<i>.att.time_state`` per layer, ``[heads, V, K]``:
+    the orientation of the trainers' wkv kernels and of the official ``rwkv`` package's RWKV-7 state
+    (``state[3i+1]``, ``v k^T`` added each token); its RWKV-6 loader transposes it to ``[H, K, V]``
+    (``w['blocks.i.att.time_state'].transpose(1,2)``). Nothing else may be in the file; a missing
+    layer, another shape or a non-finite value is one line naming ``where``."""
+    import numpy as np
+
+    from recurrent_coreai.util.errors import PipelineError
+
+    fix = "give a state-tuning file trained for this model (its layers, heads and head size)"
+    want = [f"blocks.{i}.att.time_state" for i in range(layers)]
+    extra, missing = sorted(set(tensors) - set(want)), [n for n in want if n not in tensors]
+    if missing or extra:
+        raise PipelineError(where, f"is not a state-tuning file of this {layers}-layer model (missing "
+                            f"{missing[:3] or 'none'}, not a time_state: {extra[:3] or 'none'})", fix)
+    out = np.zeros((layers, 1, heads, head_dim, head_dim), np.float32)
+    for i, name in enumerate(want):
+        t = tensors[name]
+        arr = np.asarray(t.float().numpy() if hasattr(t, "float") else t, dtype=np.float32)
+        if arr.shape != (heads, head_dim, head_dim):
+            raise PipelineError(where, f"{name} has shape {list(arr.shape)}, this model's state per layer is "
+                                f"[{heads}, {head_dim}, {head_dim}] (heads, head size, head size)", fix)
+        if not np.isfinite(arr).all():
+            raise PipelineError(where, f"{name} holds non-finite values (NaN or infinite)", fix)
+        out[i, 0] = arr.transpose(0, 2, 1)  # [H, V, K] -> the bundle's [H, K, V]
+    return out

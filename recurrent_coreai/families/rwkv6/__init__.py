@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
-from recurrent_coreai.families.base import Family
+from recurrent_coreai.families.base import Family, rwkv_time_states
 from recurrent_coreai.families.rwkv6 import geometry as _geometry
 from recurrent_coreai.families.rwkv6 import layouts as _layouts
 from recurrent_coreai.families.rwkv6.geometry import Geometry
@@ -88,6 +88,14 @@ class Rwkv6Family(Family):
         if layout == _layouts.HF:
             return _layouts.write_streamed(self.synthetic_tensors(geom, seed), out_dir, geom)
         return super().write_synthetic(geom, seed, out_dir, layout)
+
+    def tuned_states(self, tensors, geom: Geometry, where):
+        """A BlinkDL state-tuning file: time_state as recState, shiftState zeros (base.rwkv_time_states)."""
+        import numpy as np
+
+        rec, shift = (s for s in self.state_specs(geom))
+        return {rec.name: rwkv_time_states(tensors, geom.layers, geom.heads, geom.head_dim, where),
+                shift.name: np.zeros(shift.shape, np.float32)}
 
     def write_layout(self, sd: Mapping[str, Any], out_dir: Path, layout: str, geom: Geometry | None = None) -> Path:
         return _layouts.write_layout(sd, out_dir, layout)

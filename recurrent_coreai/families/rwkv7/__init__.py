@@ -81,6 +81,14 @@ class Rwkv7Family(base.Family):
 
         return write_synthetic(geom, seed, out_dir, layout)
 
+    def tuned_states(self, tensors, geom: Geometry, where):
+        """A BlinkDL state-tuning file: its time_state as recState, shiftState zeros (base.rwkv_time_states)."""
+        import numpy as np
+
+        rec, shift = (s for s in self.state_specs(geom))
+        return {rec.name: base.rwkv_time_states(tensors, geom.layers, geom.heads, geom.head_dim, where),
+                shift.name: np.zeros(shift.shape, np.float32)}
+
     def write_layout(self, sd, out_dir: Path, layout: str, geom=None) -> Path:
         import json
 
