@@ -243,6 +243,33 @@ def load(path: str | Path = DEFAULT_FILE) -> dict:
     return cfg
 
 
+def merged(base: dict, over: dict) -> dict:
+    """``over`` merged into ``base`` as Snakemake merges a ``--configfile`` over config.yaml: a
+    mapping into a mapping key by key, anything else replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load_for_tool(path: str | Path = DEFAULT_FILE) -> dict:
+    """The config a tool (generate, status) reads for ``--config-file``: a whole config as it is; a
+    fragment -- a mapping without ``results:``, what ``snakemake --configfile`` merges over
+    config.yaml, e.g. one that adds a model -- merged over config.yaml the same way, so the tools
+    see the config the build ran with (errors name ``config.yaml + <fragment>``)."""
+    path = Path(path)
+    raw = read_yaml(path)
+    default = Path(DEFAULT_FILE)
+    if (not isinstance(raw, dict) or "results" in raw or ORIGIN_KEY in raw or not default.is_file()
+            or path.resolve() == default.resolve()):
+        return load(path)
+    where = f"{DEFAULT_FILE} + {path}"
+    base = read_yaml(default)
+    cfg = validate(merged(base if isinstance(base, dict) else {}, raw), where)
+    cfg[ORIGIN_KEY] = where
+    return cfg
+
+
 def origin(cfg: dict) -> str:
     """The file(s) the user gave for this config, for error messages."""
     return cfg.get(ORIGIN_KEY, DEFAULT_FILE)

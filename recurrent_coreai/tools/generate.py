@@ -372,7 +372,7 @@ def main(argv=None) -> int:
     if ns.bundle is not None:
         aimodelx, contract, tokenizer = folder_contract(ns.bundle, sampling=sampler.cfg)
     else:
-        cfg = cfgmod.load(ns.config_file)
+        cfg = cfgmod.load_for_tool(ns.config_file)  # a --configfile fragment: merged over config.yaml
         model = cfgmod.model(cfg, ns.model)  # an unknown model or recipe is one line
         cfgmod.recipe(cfg, ns.recipe)
         kind = families.tokenizer_of(model, cfgmod.origin(cfg))

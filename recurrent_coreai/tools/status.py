@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     if not ns.root.is_dir():
         raise PipelineError(ns.root, "--root is not a directory", "give the repository root (default: .)")
-    cfg = cfgmod.load(ns.config_file)
+    cfg = cfgmod.load_for_tool(ns.config_file)  # a --configfile fragment: merged over config.yaml
     found = survey(cfg, ns.root)
     _print_table(render(found.rows))
     for exc in found.problems[:-1]:  # the last one goes through main_guard, like any error
