@@ -55,9 +55,9 @@ def main() -> None:
     big, small = (resources.configured_parameters(cfg["models"][m]) for m in (ns.model, measured["model"]))
     ratio = big / small
     count = resources.gate_shards(cfg, ns.model, recipe)
-    lengths, tokens, chunk = resources.gate_plan_shape(cfg, ns.model, recipe)
-    plan = shards.plan(lengths, tokens, chunk, count)
-    costs = [sum(shards.piece_cost(p, chunk, tokens) for p in s) for s in plan]
+    lengths, tokens, chunk, text = resources.gate_plan_shape(cfg, ns.model, recipe)
+    plan = shards.plan(lengths, tokens, chunk, count, text)
+    costs = [sum(shards.piece_cost(p, chunk, tokens, text) for p in s) for s in plan]
     walls = [measured["seconds_per_call"] * ratio * c for c in costs]
     table = {n: round(lpt(walls, n, ns.submit_s) + measured["gather_s"], 1) for n in NODES}
     print(f"{ns.model}/{recipe}: {big:,} parameters, {ratio:.2f}x {measured['model']}'s; {count} shard(s) of "

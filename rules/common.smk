@@ -96,6 +96,16 @@ def path_source(w):
     return []
 
 
+def gate_text(w):
+    """The gate's held-out text (gate/text/file, relative to the repo): an input of the reference
+    stage, so an edited text reruns it and DVC records its digest. A missing file is the reference
+    stage's one-line error."""
+    text = config["gate"].get("text")
+    if text and Path(text["file"]).is_file():
+        return [text["file"]]
+    return []
+
+
 def curated_card(w):
     """A maintainer-curated card to merge into, when there is one (an input, so edits rerun the card)."""
     path = curated_path(w.model)

@@ -3,6 +3,7 @@ rule reference:
     input:
         source=str(OUT.source),
         vocab=str(OUT.vocab),
+        text=gate_text,
     output:
         str(OUT.reference),
     params:

@@ -59,7 +59,7 @@ def test_more_shards_than_the_gate_has_steps_is_one_line_and_removes_nothing(rep
     rc = gate_shard.main(_argv(tmp_path / "res", "0", "500"))
     err = capsys.readouterr().err
     assert rc == 1 and len(err.splitlines()) == 1, err
-    assert ("--shards 500: 500 shards are more than the gate's 12 steps and the prefill check -- fix: use at most 13 "
+    assert ("--shards 500: 500 shards are more than the gate's 12 steps and its checks -- fix: use at most 13 "
             "shards") in err, err
     assert "internal error" not in err and report.read_text() == "<p>the previous verdict</p>"
 

@@ -79,8 +79,13 @@ def test_the_tiny_defaults_are_one_shard_and_the_1_5b_int8_gate_is_several():
             assert resources.gate_shards(cfg, model, recipe) == 1, (model, recipe)
     big = resources.gate_shards(cfg, "rwkv7-1.5b-shape", "int8keepproj")
     assert big > 1
-    lengths, tokens, chunk = resources.gate_plan_shape(cfg, "rwkv7-1.5b-shape", "int8keepproj")
-    assert shards.critical_cost(lengths, tokens, chunk, big) < shards.critical_cost(lengths, tokens, chunk, 1) / 3
+    lengths, tokens, chunk, text = resources.gate_plan_shape(cfg, "rwkv7-1.5b-shape", "int8keepproj")
+    whole = shards.critical_cost(lengths, tokens, chunk, 1, text)
+    # the longest piece that cannot be cut: the text stream's last horizon from zero states (31
+    # prefill calls and its 64 scored tokens through main); sharding reaches it
+    floor = shards.text_piece_cost(text, chunk, [len(text[1]) - 1])
+    assert floor == pytest.approx(31 * shards.prefill_call_cost(64) + 64)
+    assert shards.critical_cost(lengths, tokens, chunk, big, text) == pytest.approx(floor) and floor < whole / 2.5
     # an hf checkpoint's size is not known when Snakemake plans: as many shards as shorten the gate
     assert resources.gate_shards(cfg, "rwkv7-goose-1.5b", "int8keepproj") == big
 

@@ -63,6 +63,46 @@ def split_prompt(n_tokens: int, chunk: int) -> tuple[int, int]:
     return n_tokens // chunk, n_tokens % chunk
 
 
+def text_plan(n: int, chunk: int, horizons: list[int]) -> list[tuple[str, int, int]]:
+    """How the text stream of ``n`` tokens runs through a bundle, from zero states: (function, start,
+    stop) runs. The chunk before each horizon goes through ``main`` token by token (every position
+    scored); the others through ``prefill`` (its logits at the chunk's last position); a tail
+    shorter than a chunk through ``main``. The reference stores logits exactly where the bundle
+    reports them."""
+    scored = {h - chunk for h in horizons}
+    runs, p = [], 0
+    while p < n:
+        if p in scored or p + chunk > n:
+            stop = min(p + chunk, n)
+            runs.append((DECODE, p, stop))
+        else:
+            stop = p + chunk
+            runs.append((PREFILL, p, stop))
+        p = stop
+    return runs
+
+
+def text_piece(n: int, chunk: int, horizons: list[int], idx: list[int] | None = None) -> tuple[list, int, list[int]]:
+    """A part of the text stream that runs on its own from zero states: the horizons ``idx``
+    (consecutive indices into ``horizons``; None: all). Returns (its runs, the first position it
+    reports, its horizons): it runs :func:`text_plan` up to its last horizon (the last part: to the
+    end of the stream) with only its own horizons' chunks through ``main``, and reports only the
+    positions from the horizon before its first on, so the parts together report each position of
+    the whole stream's plan once, with the same functions. (The states a part starts its report
+    from went through prefill where the whole stream ran the earlier horizons' chunks through main:
+    a split stream's numbers differ from the whole one's by the recipe's rounding.)"""
+    idx = list(range(len(horizons))) if idx is None else list(idx)
+    mine = [horizons[i] for i in idx]
+    lo = horizons[idx[0] - 1] if idx[0] > 0 else 0
+    hi = mine[-1] if idx[-1] < len(horizons) - 1 else n
+    return text_plan(hi, chunk, mine), lo, mine
+
+
+def text_logit_positions(n: int, chunk: int, horizons: list[int]) -> list[int]:
+    """The positions whose logits the bundle reports on the text stream (:func:`text_plan`)."""
+    return [q for fn, a, b in text_plan(n, chunk, horizons) for q in (range(a, b) if fn == DECODE else [b - 1])]
+
+
 def bundle_functions(export_record: dict) -> dict[str, dict]:
     """A bundle's functions as its export.json records them, by role; each record plus its
     ``name``. An export.json without ``functions`` (from before this table) is refused."""

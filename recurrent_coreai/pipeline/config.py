@@ -86,6 +86,7 @@ def validate(cfg: dict, path: str | Path | None = None) -> dict:
                 except re.error as exc:
                     raise PipelineError(where, f"recipes/{name}/quantize/{key}: {pattern!r} is not a valid "
                                         f"regular expression ({exc})", "fix the pattern (Python re syntax, matched in full)")
+    text_settings(cfg["gate"], cfg["prefill"]["chunk"], where)
     for name, model in cfg["models"].items():
         check_family(name, model, where)
         if model.get("shipped") is not None and model["shipped"] not in model["recipes"]:
@@ -350,22 +351,22 @@ STAGE_KEYS: dict[str, list[tuple[str, ...]]] = {
     "vocab": [("models", "{model}", "family"), ("models", "{model}", "tokenizer"), ("models", "{model}", "tokenizer_eos"),
               ("vocab",)],
     "reference": [("models", "{model}", "family"), ("models", "{model}", "tokenizer"), ("gate", "prompts"),
-                  ("gate", "steps"), ("prefill",)],
+                  ("gate", "steps"), ("gate", "text"), ("prefill",)],
     "export": [("models", "{model}", "family"), ("recipes", "{recipe}"), ("models", "{model}", "dir"),
                ("models", "{model}", "shipped"), ("prefill", "chunk")],
     "aot": [("targets", "{target}"), ("aot",), ("models", "{model}", "dir"), ("models", "{model}", "shipped")],
     "gate": [("gate", "prompts"), ("gate", "steps"), ("gate", "near_tie_epsilon"), ("gate", "thresholds", "{recipe}"),
-             ("models", "{model}", "gate")],
+             ("gate", "text"), ("models", "{model}", "gate")],
     # a shard records the gate's settings, and the gather refuses one made with others; how many
     # shards (from gate/shard_seconds) is on its command line, and Snakemake's param
     "gate_shard": [("gate", "prompts"), ("gate", "steps"), ("gate", "near_tie_epsilon"),
-                   ("gate", "thresholds", "{recipe}"), ("models", "{model}", "gate")],
+                   ("gate", "thresholds", "{recipe}"), ("gate", "text"), ("models", "{model}", "gate")],
     "card": [("models", "{model}"), ("recipes",), ("targets",)],
     # publish renders the card again, recomputes each gate verdict from its TSV and bakes the vocab
     # stage's tables again (stages/derivation.py): the card's settings and the gate's, every recipe's
     # thresholds, the tokenizer settings
     "stage_and_push": [("models", "{model}"), ("recipes",), ("targets",), ("gate", "prompts"), ("gate", "steps"),
-                       ("gate", "near_tie_epsilon"), ("gate", "thresholds"), ("vocab",)],
+                       ("gate", "near_tie_epsilon"), ("gate", "thresholds"), ("gate", "text"), ("vocab",)],
     "doctor": [("models", "{model}", "family")],
     "report": [],
 }
@@ -423,6 +424,26 @@ def prefill_length(prefill: dict, config_file: str = "config.yaml") -> int:
                             "would not run a full chunk and a tail", "raise prefill.gate_tokens or leave it out "
                             "(default 2*chunk+5)")
     return n
+
+
+def text_settings(gate: dict, chunk: int, config_file: str | Path = DEFAULT_FILE) -> dict | None:
+    """The gate's long text stream (``gate.text``), checked against the prefill chunk: None where
+    the config has none. The horizons are ascending multiples of ``chunk`` within ``tokens``: the
+    chunk before each one goes through ``main`` token by token (stages/gate.py: text_check)."""
+    text = gate.get("text")
+    if text is None:
+        return None
+    tokens, horizons = int(text["tokens"]), [int(h) for h in text["horizons"]]
+    fix = (f"set gate.text.horizons to ascending multiples of prefill.chunk ({chunk}) up to gate.text.tokens "
+           f"({tokens}), e.g. [{chunk * 2}, {tokens - tokens % chunk}]")
+    if horizons != sorted(horizons):
+        raise PipelineError(config_file, f"gate.text.horizons {horizons} are not in ascending order", fix)
+    for h in horizons:
+        if h % chunk or h > tokens:
+            raise PipelineError(config_file, f"gate.text.horizons holds {h}, which is "
+                                + ("beyond gate.text.tokens " + str(tokens) if h > tokens
+                                   else f"not a multiple of prefill.chunk {chunk}"), fix)
+    return {"file": text["file"], "tokens": tokens, "horizons": horizons}
 
 
 def gate_step_count(prompt_tokens: Sequence[int], steps: int) -> int:

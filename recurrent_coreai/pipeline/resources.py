@@ -127,8 +127,9 @@ def job_needs(rule: str, config: dict, wildcards: dict, params: int | None, atte
     recipe = config["recipes"].get(wildcards.get("recipe"), {})
     steps = config["gate"]["steps"]
     if rule == "gate_shard":
-        plan_shape = gate_plan_shape(config, wildcards["model"], wildcards["recipe"])
-        steps = math.ceil(shards.critical_cost(*plan_shape, gate_shards(config, wildcards["model"], wildcards["recipe"])))
+        lengths, tokens, chunk, text = gate_plan_shape(config, wildcards["model"], wildcards["recipe"])
+        steps = math.ceil(shards.critical_cost(lengths, tokens, chunk, gate_shards(config, wildcards["model"],
+                                                                                  wildcards["recipe"]), text))
     need = estimate(rule, params, dtype=rate_key(recipe), steps=steps, attempt=attempt)
     if rule == "gate_shard":
         need.update(mem_mb=need["mem_mb"] * threads, cpus_per_task=threads)
@@ -223,14 +224,17 @@ def gate_call_seconds(params: int | None, key: str) -> float | None:
     return None if params is None else SECONDS_PER_GPARAM["gate_shard"][key] * params / 1e9
 
 
-def gate_plan_shape(cfg: dict, model: str, recipe: str) -> tuple[list[int], int, int]:
-    """(steps per prompt, prefill check tokens, prefill chunk) of a gate as configured: the
+def gate_plan_shape(cfg: dict, model: str, recipe: str) -> tuple[list[int], int, int, tuple | None]:
+    """(steps per prompt, prefill check tokens, prefill chunk, (text tokens, horizons) or None) of
+    a gate as configured: the
     steps shared equally by the prompts (what config.prompt_budgets gives when every prompt fits
     its share, as the default prompts do; a reference that records longer prompts gets its own
     plan from the same shard count, stages/gate.py)."""
     g = cfgmod.gate_settings(cfgmod.settings(cfg, "gate", model=model, recipe=recipe), recipe)
     lengths = cfgmod.prompt_budgets([0] * len(g["prompts"]), g["steps"])
-    return lengths, cfgmod.prefill_length(cfg["prefill"]), cfg["prefill"]["chunk"]
+    text = cfgmod.text_settings(cfg["gate"], cfg["prefill"]["chunk"])
+    return (lengths, cfgmod.prefill_length(cfg["prefill"]), cfg["prefill"]["chunk"],
+            None if text is None else (text["tokens"], text["horizons"]))
 
 
 def gate_shards(cfg: dict, model: str, recipe: str) -> int:
@@ -239,5 +243,5 @@ def gate_shards(cfg: dict, model: str, recipe: str) -> int:
     gate where the parameter count is not known yet (an hf source). 1 for the tiny defaults."""
     m = cfg["models"][model]
     seconds = gate_call_seconds(configured_parameters(m), rate_key(cfg["recipes"][recipe]))
-    lengths, tokens, chunk = gate_plan_shape(cfg, model, recipe)
-    return shards.shard_count(lengths, tokens, chunk, seconds, cfg["gate"].get("shard_seconds", SHARD_SECONDS))
+    lengths, tokens, chunk, text = gate_plan_shape(cfg, model, recipe)
+    return shards.shard_count(lengths, tokens, chunk, seconds, cfg["gate"].get("shard_seconds", SHARD_SECONDS), text)

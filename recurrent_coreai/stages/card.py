@@ -171,8 +171,20 @@ def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dic
         "vocab_fit": vocab_fit(family, family.geometry_from_dict(g), loaded.n_ids),
         "device_numbers": mcfg.get("device_numbers") or {},
         "weights_sha256": source_manifest["files"][WEIGHT_FILE]["sha256"], "normal_layout": family.layouts[0],
-        "toolchain": toolchain, "build_date": date,
+        "toolchain": toolchain, "build_date": date, "drift": largest_drift(gates),
     }
+
+
+def largest_drift(gates: dict[str, dict]) -> dict | None:
+    """The largest relative state difference over every recipe's text-stream horizons (where
+    they hold one), with its recipe, state, horizon and the recipe's limit (None: not gated)."""
+    found = [(h["max_rel_dstate"], name, h) for name, g in gates.items() for h in (g.get("text") or {}).get("horizons", [])
+             if h.get("max_rel_dstate") is not None]
+    if not found:
+        return None
+    value, name, h = max(found, key=lambda f: (f[0] != f[0], f[0]))  # NaN first
+    return {"value": value, "recipe": name, "state": h["state"], "horizon": h["horizon"],
+            "limit": gates[name].get("thresholds", {}).get("text_max_rel_dstate")}
 
 
 def render(ctx: dict) -> str:

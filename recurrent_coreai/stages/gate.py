@@ -29,11 +29,11 @@ from recurrent_coreai.pipeline import shards, stage
 from recurrent_coreai.coreai import toolchain
 from recurrent_coreai.pipeline.config import gate_settings, gate_step_count, prompt_budgets
 from recurrent_coreai.coreai.runtime import PromptSession
-from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_functions, split_prompt
+from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_functions, split_prompt, text_piece
 from recurrent_coreai.stages.gate_lowering import FOLDED, PIPELINE, gate_lowering
 from recurrent_coreai.stages.gate_verdict import (MAX_EPSILON_SHARE, compare, counted_reasons, epsilon_used,  # noqa: F401
-                                                  logit_scale, relative_diffs, state_diffs, state_scales, verdict,
-                                                  worst)
+                                                  logit_scale, relative_diffs, state_diffs, state_scales, text_verdict,
+                                                  verdict, worst)
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import atomic_path, dumps_json, sha256_file, tree_manifest
 from recurrent_coreai.util import numpy_simd
@@ -168,6 +168,62 @@ def prefill_check(sess: PromptSession, stream: dict, thresholds: dict, eps: floa
     return result
 
 
+def text_check(sess: PromptSession, stream: dict, eps: float, idx: list[int] | None = None) -> dict:
+    """A piece of the reference's long held-out text stream (the horizons ``idx``; None: all)
+    from zero states through the bundle as entrypoints.text_piece runs it: full chunks through
+    prefill, the chunk before each of its horizons and a short tail through decode; logits
+    compared wherever the bundle reports them in its part (every row holds the stream's next
+    token's likelihoods where the stream has one), every state at each of its horizons. Returns
+    its ``rows`` and ``states`` (horizon -> state -> numbers); the gather judges the pieces
+    together (:func:`text_result`)."""
+    tokens, T = [int(t) for t in stream["text_tokens"]], sess.chunk
+    horizons = [int(h) for h in stream["text_horizons"]]
+    runs, first, mine = text_piece(len(tokens), T, horizons, idx)
+    logit_at = {int(p): i for i, p in enumerate(stream["text_logit_pos"])}
+    sess.reset()
+    rows: list[dict] = []
+    states: dict[str, dict] = {}
+
+    def record(function: str, pos: int, eng: np.ndarray) -> None:
+        if pos < first:
+            return  # another piece reports it
+        nxt = tokens[pos + 1] if pos + 1 < len(tokens) else None
+        row = {"function": function, "pos": pos, "token": tokens[pos]}
+        row.update(compare(stream["text_logits"][logit_at[pos]].astype(np.float64), eng, eps, nxt))
+        for key, value in NOT_SCORED.items():
+            row.setdefault(key, value)
+        rows.append(row)
+
+    for function, start, stop in progress(runs, f"text {Path(sess.aimodelx).stem}"):
+        if function == PREFILL:
+            record(sess.prefill_function, stop - 1, sess.prefill_chunk(tokens[start:stop]))
+        else:
+            for pos in range(start, stop):
+                record(sess.function, pos, sess.step(tokens[pos]))
+        if stop in mine:
+            k = horizons.index(stop)
+            ref = {name[len("text_state_"):]: arr[k] for name, arr in stream.items() if name.startswith("text_state_")}
+            diffs, scales = state_diffs(sess.state_arrays(), ref), state_scales(ref)
+            rel = relative_diffs(diffs, scales)
+            states[str(stop)] = {n: {"max_abs_dstate": diffs[n], "max_rel_dstate": rel[n], "scale": scales[n]}
+                                 for n in ref}
+    return {"rows": rows, "states": states, "tokens": len(tokens), "chunk": T, "function": sess.prefill_function,
+            "decode_function": sess.function}
+
+
+def text_result(parts: list[dict], horizons: list[int], thresholds: dict) -> dict:
+    """The ``text`` section of the gate result from its pieces' results (:func:`text_check`): the
+    rows in stream order (numbered), the states of every horizon, judged by gate_verdict.text_verdict."""
+    rows = sorted((r for part in parts for r in part["rows"]), key=lambda r: r["pos"])
+    rows = [{"step": i, **r} for i, r in enumerate(rows)]
+    states = {int(h): named for part in parts for h, named in part["states"].items()}
+    first = parts[0]
+    result = text_verdict(rows, states, horizons, first["chunk"], thresholds)
+    result.update({"tokens": first["tokens"], "chunk": first["chunk"], "function": first["function"],
+                   "decode_function": first["decode_function"], "rows": rows})
+    return result
+
+
 def prompt_lengths(stream: dict) -> list[int]:
     """The gated stream's steps per prompt, in stream order."""
     prompts = stream["prompt"]
@@ -178,7 +234,15 @@ def prompt_lengths(stream: dict) -> list[int]:
 def shard_plan(stream: dict, count: int) -> list[list[dict]]:
     """The gate's work in ``count`` shards (pipeline/shards.py): pieces that are the prefill check
     or a run of one prompt's steps. One shard holds the prefill check, then every prompt."""
-    return shards.plan(prompt_lengths(stream), len(stream["prefill_tokens"]), int(stream["prefill_chunk"]), count)
+    return shards.plan(prompt_lengths(stream), len(stream["prefill_tokens"]), int(stream["prefill_chunk"]), count,
+                       text_shape(stream))
+
+
+def text_shape(stream: dict) -> tuple[int, list[int]] | None:
+    """(tokens, horizons) of the reference's text stream, None where it holds none (shards.plan)."""
+    if "text_tokens" not in stream:
+        return None
+    return len(stream["text_tokens"]), [int(h) for h in stream["text_horizons"]]
 
 
 def run_piece(sess, piece: dict, stream: dict, settings: dict) -> dict | list[dict]:
@@ -186,6 +250,8 @@ def run_piece(sess, piece: dict, stream: dict, settings: dict) -> dict | list[di
     eps = settings["near_tie_epsilon"]
     if piece.get(shards.PREFILL):
         return prefill_check(sess, stream, settings["thresholds"], eps)
+    if piece.get(shards.TEXT):
+        return text_check(sess, stream, eps, piece.get("horizons"))
     return decode_rows(sess, stream, eps, piece["start"], piece["stop"], piece["first"])
 
 
@@ -234,8 +300,10 @@ def run_pieces(aimodelx: Path, export_record: dict, stream: dict, settings: dict
     calling thread, so this is how one job uses more cores); the results are the same."""
     workers = max(1, min(workers, len(pieces)))
     numpy_simd.warn_unless_recorded_kernels()  # the numbers below are the record's only on its kernels
+    checks = [what for key, what in ((shards.PREFILL, "the prefill check"), (shards.TEXT, "the text stream"))
+              if any(p.get(key) for p in pieces)]
     stage.log.info("gate %s: %d step(s)%s in %d process(es)", Path(aimodelx).stem, shards.steps_of(pieces),
-                   " and the prefill check" if any(p.get(shards.PREFILL) for p in pieces) else "", workers)
+                   "".join(f" and {c}" for c in checks), workers)
     if workers == 1:
         with session_factory(aimodelx, export_record) as sess:
             return [run_piece(sess, piece, stream, settings) for piece in pieces]
@@ -267,23 +335,28 @@ def with_epsilon(settings: dict, epsilon: float | None) -> dict:
 
 
 def gather(plan: list[list[dict]], done: list[list], export_record: dict, settings: dict,
-           epsilon: float | None = None) -> tuple[dict, list[dict]]:
+           epsilon: float | None = None, horizons: list[int] | None = None) -> tuple[dict, list[dict]]:
     """The verdict from every shard's piece results (``done[k][i]`` is the result of
     ``plan[k][i]``): the decode rows in step order and the prefill check, judged as one gate (too
     few counted steps is judged over both together); the verdict also holds the contract, the
-    prefill result and the near-tie epsilon in use (``epsilon``; None: the configured one).
+    prefill result, the text stream's (its pieces judged together at ``horizons``, the stream's)
+    and the near-tie epsilon in use (``epsilon``; None: the configured one).
     Returns (result, the rows for the TSV)."""
-    prefill, rows = None, []
+    prefill, parts, rows = None, [], []
     for pieces, results in zip(plan, done):
         for piece, res in zip(pieces, results):
             if piece.get(shards.PREFILL):
                 prefill = res
+            elif piece.get(shards.TEXT):
+                parts.append(res)
             else:
                 rows.extend(res)
     rows.sort(key=lambda r: r["step"])
-    result = verdict(rows, settings["thresholds"], counted_over=rows + prefill["rows"])
-    reasons = contract_problems(export_record) + result["reasons"] + [f"prefill: {r}" for r in prefill["reasons"]]
-    result.update({"pass": not reasons, "reasons": reasons, "prefill": prefill,
+    text = text_result(parts, horizons, settings["thresholds"]) if parts else None
+    result = verdict(rows, settings["thresholds"], counted_over=rows + prefill["rows"] + (text["rows"] if text else []))
+    reasons = (contract_problems(export_record) + result["reasons"] + [f"prefill: {r}" for r in prefill["reasons"]]
+               + [f"text: {r}" for r in (text["reasons"] if text else [])])
+    result.update({"pass": not reasons, "reasons": reasons, "prefill": prefill, "text": text,
                    "state_writes": {fn: spec.get("state_writes") for fn, spec in export_record["functions"].items()},
                    "near_tie_epsilon": settings["near_tie_epsilon"],
                    "near_tie_epsilon_used": settings["near_tie_epsilon"] if epsilon is None else epsilon,
@@ -307,7 +380,7 @@ def run_gate(aimodelx: Path, export_record: dict, stream: dict, settings: dict,
     done = iter(run_pieces(aimodelx, export_record, stream, with_epsilon(settings, epsilon), flat, session_factory,
                            workers))
     results = [[next(done) for _ in pieces] for pieces in plan]
-    return gather(plan, results, export_record, settings, epsilon)
+    return gather(plan, results, export_record, settings, epsilon, (text_shape(stream) or (0, None))[1])
 
 
 def check_stream(stream: dict, stream_path: Path, export_record: dict) -> None:
@@ -322,6 +395,18 @@ def check_stream(stream: dict, stream_path: Path, export_record: dict) -> None:
         raise PipelineError(stream_path, f"was made for prefill chunk {int(stream['prefill_chunk'])}, but the bundle's "
                             f"{prefill['name']} takes {prefill['tokens_per_call']} tokens per call",
                             "rerun the reference and export stages with the same prefill.chunk")
+
+
+def check_text_stream(stream: dict, stream_path: Path, text: dict | None) -> None:
+    """The reference holds the text stream the config asks for (gate/text: tokens, horizons)."""
+    if text is None:
+        return
+    have = text_shape(stream)
+    if have != (text["tokens"], [int(h) for h in text["horizons"]]):
+        held = "no text stream" if have is None else f"a text stream of {have[0]} tokens, horizons {have[1]}"
+        raise PipelineError(stream_path, f"holds {held}, not the {text['tokens']} tokens and horizons "
+                            f"{list(text['horizons'])} gate/text asks for", "rerun the reference stage "
+                            "(snakemake --forcerun reference)")
 
 
 def gate_steps(stream: dict, n_prompts: int, steps: int, stream_path: Path, config_file: str | Path = "config.yaml",
@@ -408,6 +493,7 @@ def gate_inputs(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
     # none: the gate records its sha256, and publish requires the digest)
     stream = read_stream(stream_path, required=False)
     check_stream(stream, stream_path, record)
+    check_text_stream(stream, stream_path, settings.get("text"))
     scale = checked_logit_scale(stream, stream_path)
     setting = f"models/{model}/gate/steps/{recipe}" if "steps_why" in settings else "gate.steps"
     return {"record": record, "aimodel": aimodel, "aimodelx": aot_dir / lowering["product"], "tested": tested,
@@ -489,13 +575,15 @@ def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
     record = inputs["record"]
     if shard_paths:
         plan, done, runs = read_shards(shard_paths, model, recipe, inputs, settings)
-        result, rows = gather(plan, done, record, settings, inputs["epsilon"])
+        result, rows = gather(plan, done, record, settings, inputs["epsilon"], (text_shape(inputs["stream"]) or (0, None))[1])
     else:
         with gate_lowering(inputs, json_path) as (lowering, ran):
             result, rows = run_gate(lowering, record, inputs["stream"], settings, workers=workers,
                                     epsilon=inputs["epsilon"])
         runs = [ran]
     result["lowering_runs"] = runs
+    if result.get("text") is not None and settings.get("text"):
+        result["text"]["file"] = settings["text"]["file"]  # what the card names
     result.update(reference_steps=inputs["reference_steps"], reference_logit_scale=inputs["scale"],
                   **steps_fields(inputs["stream"], settings))
     result.update({**tested_fields(model, recipe, inputs), "toolchain": toolchain.versions(),
@@ -546,7 +634,12 @@ def main(argv=None) -> int:
                       gate_settings(s, ns.recipe), Path(ns.json), Path(ns.tsv), workers=workers_granted(),
                       config_file=ns.config_file, shard_paths=ns.shards)
     seconds = time.perf_counter() - t0
-    pre = res["prefill"]
+    pre, text = res["prefill"], res.get("text")
+    if text:
+        stage.log.info("gate %s/%s text: %d tokens, %d positions compared, %d/%d top-1 outside near-ties, mean KL %.3g, "
+                       "PPL ratio %.5f; worst state at the horizons %s", ns.model, ns.recipe, text["tokens"],
+                       text["steps"], text["agree_counted"], text["counted"], text["kld_mean"], text["ppl_ratio"],
+                       ", ".join(f"{h['horizon']}: {h['max_rel_dstate']:.3g}" for h in text["horizons"]))
     stage.log.info("gate %s/%s PASS: %d/%d top-1 outside %d near-ties, max|dlogits| %.3g, mean KL %.3g; prefill "
                    "(%d x %d tokens + %d through %s): %d/%d top-1, max|dlogits| %.3g, max|dstate| %.3g (%.3g relative); %.1f s, "
                    "peak RSS %.0f MB", ns.model, ns.recipe, res["agree_counted"], res["counted"], res["near_ties"],

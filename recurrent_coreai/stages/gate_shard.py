@@ -18,7 +18,7 @@ from pathlib import Path
 
 from recurrent_coreai.pipeline import shards, stage
 from recurrent_coreai.pipeline.config import gate_settings
-from recurrent_coreai.stages.gate import (SHARD_STAGE, gate_inputs, remove_stale_report, run_shard, shard_plan,
+from recurrent_coreai.stages.gate import (SHARD_STAGE, gate_inputs, remove_stale_report, run_shard, shard_plan, text_shape,
                                           workers_granted)
 from recurrent_coreai.util.errors import PipelineError, main_guard
 
@@ -42,9 +42,11 @@ def check_plan(stream: dict, count: int, out: Path) -> None:
     try:
         shard_plan(stream, count)
     except ValueError as exc:
-        most = 1 + len(stream["prompt"])  # a shard per step, and one for the prefill check
-        raise PipelineError(out, f"--shards {count}: {exc}", f"use at most {most} shards (the gate's steps and its "
-                            "prefill check); the rule sizes them from gate.shard_seconds") from None
+        text = text_shape(stream)
+        most = 1 + len(stream["prompt"]) + (len(text[1]) if text else 0)  # a shard per step and per check piece
+        raise PipelineError(out, f"--shards {count}: {exc}", f"use at most {most} shards (the gate's steps, its "
+                            "prefill check and its text stream's horizons); the rule sizes them from "
+                            "gate.shard_seconds") from None
 
 
 @main_guard
@@ -69,7 +71,9 @@ def main(argv=None) -> int:
     stage.log.info("gate shard %s/%s %d/%d: %d step(s)%s, %d piece(s) starting mid-prompt; %.1f s wall, %.1f s CPU "
                    "(this process), peak RSS %.0f MB", ns.model, ns.recipe, rec["shard"], rec["shards"],
                    shards.steps_of(rec["pieces"]),
-                   " and the prefill check" if any(p.get(shards.PREFILL) for p in rec["pieces"]) else "",
+                   "".join(f" and {what}" for key, what in ((shards.PREFILL, "the prefill check"),
+                                                            (shards.TEXT, "the text stream"))
+                           if any(p.get(key) for p in rec["pieces"])),
                    shards.mid_prompt_starts(rec["pieces"]),
                    time.perf_counter() - t0, time.process_time() - cpu0, stage.rss_mb())
     return 0

@@ -21,7 +21,11 @@ The rules, each stated once:
   thresholds;
 * **quality** (:func:`quality`): what users quote for a quantised model -- KL divergence mean,
   median, p99 and max; same top-1 share; RMS Δp; the reference's and the bundle's perplexity of
-  the stream and their ratio -- with optional per-recipe limits (``QUALITY_LIMITS``).
+  the stream and their ratio -- with optional per-recipe limits (``QUALITY_LIMITS``);
+* **the text stream** (:func:`text_verdict`): the long held-out text's rows judged like decode rows
+  (their counted rows join the gate's ``min_counted`` pool), plus at each horizon the KL and top-1
+  of the scored chunk before it and every state's difference from the reference's, relative to the
+  state's own largest magnitude (``text_max_rel_dstate`` where a recipe sets it).
 """
 
 from __future__ import annotations
@@ -227,3 +231,52 @@ def relative_diffs(diffs: dict[str, float], scales: dict[str, float]) -> dict[st
 def worst(found: list[tuple]) -> tuple:
     """The largest of (value, ...) tuples, a NaN above any number."""
     return max(found, key=lambda d: (np.isnan(d[0]), d[0]))
+
+
+def horizon_table(rows: list[dict], states: dict[int, dict], horizons: list[int], chunk: int) -> list[dict]:
+    """Per horizon ``h``: the rows of the scored chunk before it (positions ``h - chunk`` .. ``h - 1``):
+    their count, mean and max KL, same top-1 share; and the states compared at ``h`` (``states[h]``:
+    name -> max_abs_dstate, max_rel_dstate, scale): every state's numbers and the worst by its
+    relative difference (NaN worst). A horizon with no compared states has None there."""
+    table = []
+    for h in horizons:
+        window = [r for r in rows if h - chunk <= r["pos"] < h]
+        kl = [r["kl"] for r in window]
+        named = states.get(h) or {}
+        worst_name = max(named, key=lambda n: (math.isnan(named[n]["max_rel_dstate"]), named[n]["max_rel_dstate"]),
+                         default=None)
+        table.append({"horizon": h, "positions": len(window),
+                      "kld_mean": float(np.mean(kl)) if kl else None, "kld_max": _largest(kl) if kl else None,
+                      "same_top1": float(np.mean([r["agree"] for r in window])) if window else None,
+                      "state": worst_name,
+                      "max_rel_dstate": named[worst_name]["max_rel_dstate"] if worst_name else None,
+                      "max_abs_dstate": named[worst_name]["max_abs_dstate"] if worst_name else None,
+                      "states": named})
+    return table
+
+
+def drift_reasons(table: list[dict], limit: float | None) -> list[str]:
+    """A reason per horizon whose worst relative state difference breaks ``limit`` (None: not
+    checked; NaN breaks it), and one where a horizon compared no state at all."""
+    if limit is None:
+        return []
+    reasons = []
+    for h in table:
+        rel = h["max_rel_dstate"]
+        if rel is None:
+            reasons.append(f"no state was compared at horizon {h['horizon']}")
+        elif not rel <= limit:
+            reasons.append(f"state {h['state']} after {h['horizon']} tokens of text differs from the reference's by "
+                           f"{rel:.3g} of its largest magnitude > text_max_rel_dstate {limit:g}")
+    return reasons
+
+
+def text_verdict(rows: list[dict], states: dict[int, dict], horizons: list[int], chunk: int,
+                 thresholds: dict) -> dict:
+    """The text stream's verdict: :func:`verdict` on its rows (counted with the gate's other rows,
+    so ``counted_over=[]`` here), its :func:`horizon_table` and :func:`drift_reasons`."""
+    result = verdict(rows, thresholds, counted_over=[])
+    result["horizons"] = horizon_table(rows, states, horizons, chunk)
+    result["reasons"] = result["reasons"] + drift_reasons(result["horizons"], thresholds.get("text_max_rel_dstate"))
+    result["pass"] = not result["reasons"]
+    return result

@@ -26,9 +26,9 @@ import torch
 
 from recurrent_coreai import families, tokenizers
 from recurrent_coreai.checkpoints.reader import load_checkpoint
-from recurrent_coreai.coreai.entrypoints import split_prompt
+from recurrent_coreai.coreai.entrypoints import split_prompt, text_logit_positions
 from recurrent_coreai.pipeline import stage
-from recurrent_coreai.pipeline.config import gate_step_count, origin, prefill_length, prompt_budgets
+from recurrent_coreai.pipeline.config import gate_step_count, origin, prefill_length, prompt_budgets, text_settings
 from recurrent_coreai.pipeline.records import PROMPT_TOKENS, STREAM_SEAL, read_manifest, read_vocab, stream_digest
 from recurrent_coreai.stages.model_source import family_and_source
 from recurrent_coreai.util.errors import PipelineError, main_guard
@@ -60,11 +60,54 @@ def prefill_stream(ref, tokens: np.ndarray, chunk: int, n: int) -> dict:
     return out
 
 
+def text_tokens(tok, text: dict, config_file: str | Path = "config.yaml") -> np.ndarray:
+    """The first ``text["tokens"]`` tokens of the held-out text under this model's tokenizer, as a
+    document (its start token, then the raw text: ``tok.prompt(text, chat=False)``); one line when
+    the file is missing, not UTF-8 or too short for this tokenizer."""
+    path = Path(text["file"])
+    try:
+        body = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise PipelineError(path, "is missing (gate.text.file)", f"restore it (git checkout -- {path}) or point "
+                            f"gate.text.file in {config_file} at a UTF-8 text file") from None
+    except UnicodeDecodeError as exc:
+        raise PipelineError(path, f"is not UTF-8 text (byte {exc.start})", "save it as UTF-8") from None
+    ids = tok.prompt(body, chat=False)
+    if len(ids) < text["tokens"]:
+        raise PipelineError(path, f"holds {len(ids)} tokens under this model's tokenizer, fewer than gate.text.tokens "
+                            f"{text['tokens']}", f"use a longer text, or lower gate.text.tokens in {config_file} "
+                            "(and its horizons)")
+    return np.asarray(ids[:text["tokens"]], np.int64)
+
+
+def text_stream(ref, tokens: np.ndarray, chunk: int, horizons: list[int]) -> dict:
+    """The held-out text through ``ref`` from zero states: the logits where the bundle reports
+    them (:func:`text_logit_positions`) and every state at each horizon. Arrays for ``np.savez``
+    (keys ``text_*``)."""
+    n = len(tokens)
+    want, at_horizon = set(text_logit_positions(n, chunk, horizons)), set(horizons)
+    state = ref.zero_state()
+    logit_pos, logits, states = [], [], {}
+    for p, tok in enumerate(tokens):
+        out = ref.step(int(tok), state)
+        if p in want:
+            logit_pos.append(p)
+            logits.append(out.numpy().astype(np.float32))
+        if p + 1 in at_horizon:
+            for name, arr in ref.bundle_states(state).items():
+                states.setdefault(name, []).append(arr)
+    out = {"text_tokens": np.asarray(tokens, np.int64), "text_horizons": np.array(horizons, np.int64),
+           "text_logit_pos": np.array(logit_pos, np.int64), "text_logits": np.stack(logits)}
+    out.update({f"text_state_{name}": np.stack(v) for name, v in states.items()})
+    return out
+
+
 def reference_stream(family, source_dir: Path, tok, prompts: list[str], steps: int,
-                     config_file: str = "config.yaml", prefill: dict | None = None) -> dict:
+                     config_file: str = "config.yaml", prefill: dict | None = None, text: dict | None = None) -> dict:
     """Token streams and fp32 reference outputs; arrays for ``np.savez``. ``family``: the model's
     family; ``tok``: its tokenizer (the chat prompt format is the tokenizer kind's); ``prefill``:
-    the config's ``prefill`` section (chunk, gate_tokens), for the prefill stream."""
+    the config's ``prefill`` section (chunk, gate_tokens), for the prefill stream; ``text``:
+    config.text_settings (the long held-out text stream), None for none."""
     geom, weights = load_checkpoint(source_dir, family=family)
     ref = family.reference(weights, geom, torch.float32)
     tokens, prompt_idx, positions, logits = [], [], [], []
@@ -87,6 +130,8 @@ def reference_stream(family, source_dir: Path, tok, prompts: list[str], steps: i
         out[PROMPT_TOKENS] = np.array(lengths, np.int64)
     if prefill is not None:
         out.update(prefill_stream(ref, out["tokens"], prefill["chunk"], prefill_length(prefill, config_file)))
+    if text is not None:
+        out.update(text_stream(ref, text_tokens(tok, text, config_file), prefill["chunk"], text["horizons"]))
     return out
 
 
@@ -94,17 +139,18 @@ def check_finite(stream: dict, source_uri: str, prompts: list[str]) -> None:
     """The reference's logits and states are finite: weights that are finite themselves can still
     make the recurrence overflow (e.g. a decay exponent of 100). One line naming the model's own
     source and where the stream first went inf or NaN; nothing is written."""
-    for key in ("logits", "prefill_logits"):
+    for key in ("logits", "prefill_logits", "text_logits"):
         bad = np.flatnonzero(~np.isfinite(stream[key]).all(axis=1)) if key in stream else []
         if len(bad):
             at = (f"step {int(bad[0])} (prompt {int(stream['prompt'][bad[0]])}: {prompts[int(stream['prompt'][bad[0]])]!r})"
-                  if key == "logits" else f"prefill position {int(stream['prefill_logit_pos'][bad[0]])}")
+                  if key == "logits" else f"{key.split('_')[0]} position {int(stream[key.split('_')[0] + '_logit_pos'][bad[0]])}")
             raise PipelineError(source_uri, f"the fp32 reference's logits are not finite (inf or NaN) from {at} on: "
                                 "these weights make the recurrence overflow", "check the checkpoint's weights (a "
                                 "decay, A_log or dt_bias far out of range, a wrong sign); nothing was gated")
     for key, arr in stream.items():
-        if key.startswith("prefill_state_") and key != "prefill_state_pos" and not np.isfinite(arr).all():
-            raise PipelineError(source_uri, f"the fp32 reference's state {key[len('prefill_state_'):]} is not finite "
+        state = key.startswith(("prefill_state_", "text_state_")) and key != "prefill_state_pos"
+        if state and not np.isfinite(arr).all():
+            raise PipelineError(source_uri, f"the fp32 reference's state {key.split('_state_', 1)[1]} is not finite "
                                 "(inf or NaN): these weights make the recurrence overflow",
                                 "check the checkpoint's weights; nothing was gated")
 
@@ -119,14 +165,15 @@ def main(argv=None) -> int:
     read_vocab(Path(ns.vocab))  # the bytes the vocab stage recorded
     tok = tokenizers.kind(families.tokenizer_of(s["models"][ns.model])).load(Path(ns.vocab))
     stream = reference_stream(family, source, tok, s["gate"]["prompts"], s["gate"]["steps"],
-                              origin(cfg), s["prefill"])
+                              origin(cfg), s["prefill"], text_settings(s["gate"], s["prefill"]["chunk"], origin(cfg)))
     check_finite(stream, read_manifest(source, files=False)["source"]["uri"], s["gate"]["prompts"])
     with atomic_path(ns.out) as tmp:
         with open(tmp, "wb") as fh:
             np.savez(fh, **stream, **{STREAM_SEAL: np.array(stream_digest(stream))})  # sealed: pipeline/records.py
     top2 = np.sort(stream["logits"], axis=1)[:, -2:]
     margins = top2[:, 1] - top2[:, 0]
-    stage.log.info("reference %s: %d steps + a %d-token prefill stream (chunk %d) in %.1f s; logit max %.2f; "
-                   "top-2 margin median %.3f, min %.3f", ns.model, len(stream["tokens"]), len(stream["prefill_tokens"]),
-                   int(stream["prefill_chunk"]), time.perf_counter() - t0, float(stream["logits"].max()),
+    stage.log.info("reference %s: %d steps + a %d-token prefill stream (chunk %d) + a %d-token text stream in %.1f s; "
+                   "logit max %.2f; top-2 margin median %.3f, min %.3f", ns.model, len(stream["tokens"]),
+                   len(stream["prefill_tokens"]), int(stream["prefill_chunk"]), len(stream.get("text_tokens", ())),
+                   time.perf_counter() - t0, float(stream["logits"].max()),
                    float(np.median(margins)), float(margins.min()))
