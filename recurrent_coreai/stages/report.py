@@ -188,7 +188,23 @@ def plots(rec: Recipe) -> list[Markup]:
                  boundaries=boundaries),
         svg_plot([r["kl"] for r in rows], f"{rec.name}: KL divergence (reference ‖ bundle) per step, nats", "kl",
                  marks={"mismatch": mismatch}, boundaries=boundaries),
+        *text_plots(rec),
     ]
+
+
+def text_plots(rec: Recipe) -> list[Markup]:
+    """The held-out text stream (gate JSON ``text``, where the gate ran one): KL per compared
+    position, in stream order; a dotted line where each horizon's scored chunk starts."""
+    text = rec.gate.get("text")
+    if not text:
+        return []
+    rows = text["rows"]
+    starts = {h["horizon"] - text["chunk"] for h in text["horizons"]}
+    boundaries = [i for i, r in enumerate(rows) if i and r["pos"] in starts]
+    mismatch = [i for i, r in enumerate(rows) if not r["agree"]]
+    return [svg_plot([r["kl"] for r in rows], f"{rec.name}: KL divergence per compared position of the held-out text "
+                     f"({text['tokens']} tokens; chunk ends, then each horizon's scored chunk), nats", "text_kl",
+                     marks={"mismatch": mismatch}, boundaries=boundaries)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,15 +17,32 @@ GATE_KEYS = ("pass", "agree_counted", "counted", "agree_rate", "near_ties", "max
              "kld_mean", "kld_p99", "same_top1", "ppl_ratio", "size_bytes", "bundle_sha256", "steps", "reasons")
 
 
+# the held-out text stream's numbers (gate JSON ``text``): quality on real text and the largest
+# relative state difference over its horizons (long-context drift)
+TEXT_KEYS = ("text_kld_mean", "text_ppl_ratio", "text_drift", "text_horizon")
+
+
+def text_numbers(verdict: dict) -> dict:
+    """TEXT_KEYS of one gate verdict (None where it ran no text stream)."""
+    text = verdict.get("text") or {}
+    horizons = [h for h in text.get("horizons") or [] if h.get("max_rel_dstate") is not None]
+    worst = max(horizons, key=lambda h: (h["max_rel_dstate"] != h["max_rel_dstate"], h["max_rel_dstate"]), default=None)
+    return {"text_kld_mean": text.get("kld_mean"), "text_ppl_ratio": text.get("ppl_ratio"),
+            "text_drift": worst["max_rel_dstate"] if worst else None,
+            "text_horizon": max((h["horizon"] for h in text.get("horizons") or []), default=None)}
+
+
 def numbers(results: Path, model: str, recipe: str) -> dict:
     """One recipe's gate verdict (passed or ``.failed.json``), bundle and export cost in a results tree."""
     lay = Layout(results, model)
     gate = lay.gate_json(recipe)
     if not gate.is_file() and gate.with_suffix(".failed.json").is_file():
         gate = gate.with_suffix(".failed.json")
-    out = {k: None for k in GATE_KEYS} | {"gate_file": None, "export_seconds": None, "export_peak_rss_mb": None}
+    out = ({k: None for k in GATE_KEYS} | {k: None for k in TEXT_KEYS}
+           | {"gate_file": None, "export_seconds": None, "export_peak_rss_mb": None})
     if gate.is_file():
-        out.update({k: json.loads(gate.read_text()).get(k) for k in GATE_KEYS}, gate_file=str(gate.relative_to(results)))
+        verdict = json.loads(gate.read_text())
+        out.update({k: verdict.get(k) for k in GATE_KEYS}, **text_numbers(verdict), gate_file=str(gate.relative_to(results)))
     export_json = lay.export(recipe) / "export.json"
     if out["size_bytes"] is None and export_json.is_file():
         out["size_bytes"] = json.loads(export_json.read_text())["size_bytes"]
@@ -51,11 +68,12 @@ def regressions(old: dict, new: dict, limits: dict) -> list[str]:
                          f"(x{new['max_abs_dlogits'] / max(old['max_abs_dlogits'], 1e-30):.1f}; limit "
                          f"x{limits['max_dlogits_factor']:g} of max(old, {limits['dlogits_floor']:g}) = {allowed:.3g})")
     factor = limits.get("max_kld_factor")
-    if factor is not None and old["kld_mean"] is not None and new["kld_mean"] is not None:
-        allowed = factor * max(old["kld_mean"], limits.get("kld_floor", 0.0))
-        if not new["kld_mean"] <= allowed:
-            found.append(f"mean KL divergence grew {old['kld_mean']:.3g} -> {new['kld_mean']:.3g} (limit x{factor:g} "
-                         f"of max(old, {limits.get('kld_floor', 0.0):g}) = {allowed:.3g})")
+    for key, what in (("kld_mean", "mean KL divergence"), ("text_kld_mean", "mean KL divergence on the held-out text")):
+        if factor is not None and old.get(key) is not None and new.get(key) is not None:
+            allowed = factor * max(old[key], limits.get("kld_floor", 0.0))
+            if not new[key] <= allowed:
+                found.append(f"{what} grew {old[key]:.3g} -> {new[key]:.3g} (limit x{factor:g} "
+                             f"of max(old, {limits.get('kld_floor', 0.0):g}) = {allowed:.3g})")
     return found
 
 

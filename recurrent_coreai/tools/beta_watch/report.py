@@ -30,20 +30,22 @@ def render_markdown(report: dict) -> str:
              "", f"Index: {report['index_url'] or 'pip default'}; rebuilt in {report['rebuild_seconds']:.0f} s "
              f"({len(report['jobs']['executed'])} jobs).", "",
              "| model | recipe | gate | top-1 agreed/counted | max abs Δlogits | mean KL | p99 KL | same top-1 | "
-             "PPL ratio | bundle MB | export s | export peak RSS MB | bundle sha256 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "PPL ratio | text mean KL | text PPL ratio | text drift (horizon) | bundle MB | export s | "
+             "export peak RSS MB | bundle sha256 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in report["recipes"]:
         o, n = row["old"], row["new"]
 
         def pair(key, spec=".3g"):
-            return f"{fmt(o[key], spec)} → {fmt(n[key], spec)}"
+            return f"{fmt(o.get(key), spec)} → {fmt(n.get(key), spec)}"
 
         gate = f"{'PASS' if o['pass'] else 'FAIL'} → {'PASS' if n['pass'] else 'FAIL'}"
         agree = f"{o['agree_counted']}/{o['counted']} → {n['agree_counted']}/{n['counted']}"
         mb = f"{fmt(o['size_bytes'] and o['size_bytes'] / 1e6, '.1f')} → {fmt(n['size_bytes'] and n['size_bytes'] / 1e6, '.1f')}"
         lines.append(f"| {row['model']} | {row['recipe']} | {gate} | {agree} | {pair('max_abs_dlogits')} | "
                      f"{pair('mean_kl', '.2g')} | {pair('kld_p99', '.2g')} | {pair('same_top1', '.4f')} | "
-                     f"{pair('ppl_ratio', '.5f')} | {mb} | {pair('export_seconds', '.1f')} | "
+                     f"{pair('ppl_ratio', '.5f')} | {pair('text_kld_mean', '.2g')} | {pair('text_ppl_ratio', '.5f')} | "
+                     f"{pair('text_drift', '.2g')} ({fmt(n.get('text_horizon'), 'd')}) | {mb} | {pair('export_seconds', '.1f')} | "
                      f"{pair('export_peak_rss_mb', '.0f')} | {digests(o['bundle_sha256'], n['bundle_sha256'])} |")
     lines += ["", "## Regressions", ""]
     lines += [f"- {r}" for r in report["regressions"]] or ["None beyond the limits."]
