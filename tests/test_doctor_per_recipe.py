@@ -51,11 +51,19 @@ def test_only_a_block_finding_is_judged_and_only_by_the_quantised_shapes():
     head = {"recipe": "h", **spec, "quantized": [{"layer": "lm_head", "shape": [50288, 2048]}]}   # padded rows
     proj = {"recipe": "p", **spec, "quantized": [{"layer": "a.out_proj", "shape": [2048, 4096]},
                                                  {"layer": "b.out_proj", "shape": [2048, 4096]}]}
-    assert doctor.not_applicable(finding, head) is None
+    # the head's blocks run along its 2048 inputs (axis 1): its 50288 rows need no block (issue 34, case 9)
+    assert doctor.not_applicable(finding, head) == (
+        "recipe h quantises 1 linear in blocks of 32 along axis 1, where each is a multiple of the block "
+        "(50288x2048); the other axis needs none: vocab_size=50280 does not apply")
+    gdn = {"recipe": "int8keepstate", **spec, "quantized": [{"layer": "lm_head", "shape": [1000, 128]}]}
+    assert doctor.not_applicable(finding, gdn).startswith("recipe int8keepstate quantises 1 linear in blocks of 32")
     assert doctor.not_applicable(finding, {"recipe": "fp16", "recipe_spec": FP16, "quantized": []}) == (
         "recipe fp16 quantises no tensor, so no block size applies to vocab_size=50280")
-    assert doctor.not_applicable(finding, proj) == ("recipe p quantises 2 linears whose every dimension is a multiple "
-                                                    "of its block 32 (2048x4096): vocab_size=50280 is in none of them")
+    assert doctor.not_applicable(finding, proj) == ("recipe p quantises 2 linears in blocks of 32 along axis 1, where "
+                                                    "each is a multiple of the block (2048x4096); the other axis needs "
+                                                    "none: vocab_size=50280 does not apply")
+    rows_only = {**proj, "quantized": [{"layer": "x", "shape": [96, 2048]}]}    # 96 rows: no block runs along them
+    assert doctor.not_applicable(finding, rows_only) is not None
     block64 = {**proj, "recipe_spec": {"quantize": {**HEAD["quantize"], "block_size": 64}},
                "quantized": [{"layer": "x", "shape": [2048, 96]}]}
     assert doctor.not_applicable(finding, block64) is None          # 96 is not a multiple of 64
@@ -81,11 +89,18 @@ def test_the_shipped_mamba2_1_3b_shape_passes_the_doctor(recipe, tmp_path):
     assert "vocab_size=50288" in found["evidence"] and found["applies"] is False
     assert found["not_applicable"].startswith(f"recipe {recipe} quantises ")
     assert report["doctor_exit_status"] == doctor.FAIL_STATUS
-    # the same checkpoint with a recipe that quantises the head: the finding applies
+    # the same checkpoint with a recipe that quantises the head (50288 x 2048): its blocks run along
+    # the 2048 inputs, so the vocabulary's 50288 does not apply either (issue 34, case 9)
     head = plan_record("head", HEAD, geom)
+    assert any(r["layer"] == "lm_head" for r in head["quantized"])
     status, report = doctor.run_doctor(tmp_path)
     report["exit_status"] = status
-    assert doctor.judge(report, head) == doctor.FAIL_STATUS
+    assert doctor.judge(report, head) < doctor.FAIL_STATUS
+    # a hand-made plan quantising a linear whose input width is not a multiple of the block: applies
+    odd = {**head, "quantized": [{"layer": "lm_head", "shape": [50288, 2050]}]}
+    status, report = doctor.run_doctor(tmp_path)
+    report["exit_status"] = status
+    assert doctor.judge(report, odd) == doctor.FAIL_STATUS
 
 
 @pytest.fixture(scope="module")
@@ -135,11 +150,27 @@ def test_fp16_of_a_padded_vocab_passes_and_records_the_finding_as_not_applicable
     assert checkpoint["doctor_exit_status"] == doctor.FAIL_STATUS and checkpoint["exit_status"] < doctor.FAIL_STATUS
 
 
-def test_a_recipe_quantising_the_padded_head_fails_with_one_line(state_spaces_exports):
+def test_a_recipe_quantising_the_padded_head_passes_its_blocks_run_along_the_inputs(state_spaces_exports):
+    """HEAD quantises the 1040 x 64 head in blocks of 32 along its 64 inputs: the vocabulary's 1030
+    rows need no block (issue 34, case 9: a gdn's 1000-row head failed int8keepstate), so the
+    finding is recorded as not applicable and the stage passes."""
     root, out = state_spaces_exports, state_spaces_exports / "head.doctor.json"
     sources = [ROOT / s for s in MAMBA2.doctor_sources()]
     result = doctor.doctor_bundle(sources, root / "source", root / "export" / "head", out)
-    assert result["exit_status"] == doctor.FAIL_STATUS and not out.exists()
+    assert result["exit_status"] < doctor.FAIL_STATUS and out.exists()
+    (found, *_) = block_findings(result)
+    assert "not divisible by block size 32: vocab_size=1030" in found["evidence"] and found["applies"] is False
+    assert "in blocks of 32 along axis 1" in found["not_applicable"]
+
+
+def test_a_plan_quantising_an_input_width_off_the_block_fails_with_one_line(state_spaces_exports):
+    """A plan whose quantised linear has an input width that is not a multiple of the block (a
+    hand-made export record: the quantiser keeps such a linear) fails with coreai doctor's line."""
+    root = state_spaces_exports
+    sources = [ROOT / s for s in MAMBA2.doctor_sources()]
+    odd = {"recipe": "odd", "recipe_spec": HEAD, "quantized": [{"layer": "lm_head", "shape": [1040, 66]}]}
+    result = doctor.lint(sources, root / "source", None, odd)
+    assert result["exit_status"] == doctor.FAIL_STATUS
     line = doctor.error_line(result)
     assert line.startswith(f"error: {root / 'source' / 'config.json'}: coreai doctor {doctor.BLOCK_RULE} (silent): ")
     assert "not divisible by block size 32: vocab_size=1030" in line and line.count(" -- fix: ") == 1

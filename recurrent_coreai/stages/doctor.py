@@ -10,9 +10,12 @@ and logged as warnings. On failure the declared output is not written.
 Findings are judged per recipe where coreai doctor cannot know the recipe: a block-divisibility
 finding (:data:`BLOCK_RULE`, e.g. ``vocab_size=50288`` not divisible by 32: Mamba-2's padded
 vocabulary) is a defect only for a recipe whose quantisation plan (export.json ``quantized``)
-quantises a tensor with a dimension that is not a multiple of the recipe's block. For any other recipe (fp16, which quantises nothing; a
-recipe that keeps the head) the finding stays in the JSON with ``"applies": false`` and the
-reason in ``"not_applicable"``, and does not count towards the exit status.
+quantises a tensor whose width along the axis its blocks run (the recipe's ``quantize.axis``: 1,
+a linear's input width; each output row is quantised on its own, so the number of rows -- a
+vocabulary of 1000 -- needs no block) is not a multiple of the recipe's block. For any other
+recipe (fp16, which quantises nothing; a head of 1000 x 128 in blocks of 32 along its 128 inputs)
+the finding stays in the JSON with ``"applies": false`` and the reason in ``"not_applicable"``,
+and does not count towards the exit status.
 """
 
 from __future__ import annotations
@@ -81,12 +84,14 @@ def not_applicable(finding: dict, export_record: dict | None) -> str | None:
     recipe, quantized = export_record["recipe"], export_record.get("quantized", [])
     if not quantized:
         return f"recipe {recipe} quantises no tensor, so no block size applies to {named}"
-    block = ((export_record.get("recipe_spec") or {}).get("quantize") or {}).get("block_size")
-    if not block or any(d % block for row in quantized for d in row["shape"]):
+    q = (export_record.get("recipe_spec") or {}).get("quantize") or {}
+    block, axis = q.get("block_size"), q.get("axis", 1)
+    if not block or any(row["shape"][axis] % block for row in quantized):
         return None
     shapes = ", ".join(sorted({"x".join(map(str, r["shape"])) for r in quantized}))
-    return (f"recipe {recipe} quantises {len(quantized)} linear{'s' * (len(quantized) > 1)} whose every dimension is a "
-            f"multiple of its block {block} ({shapes}): {named} is in none of them")
+    return (f"recipe {recipe} quantises {len(quantized)} linear{'s' * (len(quantized) > 1)} in blocks of {block} along "
+            f"axis {axis}, where each is a multiple of the block ({shapes}); the other axis needs none: {named} "
+            "does not apply")
 
 
 def judge(report: dict, export_record: dict | None) -> int:
