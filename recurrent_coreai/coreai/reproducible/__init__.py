@@ -23,7 +23,11 @@ conversion free each weight's torch storage as soon as coreai-torch has copied i
 
 :mod:`.patches` names the patch sites and lists in :data:`ASSUMPTIONS` every fact about coreai's
 internals the patches rely on; ``tests/test_reproducible.py`` checks each against the installed
-coreai and fails with its text when an upgrade breaks one.
+coreai and fails with its text when an upgrade breaks one. On a coreai where one does not hold (a
+new beta), the patch is skipped, never the build: the scopes record the miss
+(:func:`collect_misses`; export.json says the bundle is not byte-reproducible and why) and warn in
+one line. The whole toolchain contract (these internals and the public API the pipeline calls) is
+stated in ``recurrent_coreai/coreai/toolchain.py``.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from recurrent_coreai.coreai.reproducible.swift import (SWIFT_HASHING_ENV, libsw
                                                          swift_hashing_deterministic,
                                                          warn_unless_swift_hashing_deterministic)
 from recurrent_coreai.coreai.reproducible.patches import (ASSET, ASSUMPTIONS, CHOICE_SITES, CONVERTER, DEBUGINFO_OPS,
-                                                           EXTERNALIZE, assumption, swap, swap_kwdefault,
-                                                           toolchain_changed)
+                                                           EXTERNALIZE, PATCHES, Assumption, ToolchainChanged,
+                                                           assumption, broken, collect_misses, patch_misses, swap,
+                                                           swap_kwdefault, target_missing, toolchain_changed,
+                                                           warn_misses)
 from recurrent_coreai.coreai.reproducible.bytecode import (MAGIC, RESOURCE_NAME, SECTION_RESOURCE_OFFSET,
                                                             SECTION_STRING, canonicalize_resource_names, sections)
 from recurrent_coreai.coreai.reproducible.chunked_hash import HASH_CHUNK, ChunkedHashlib, Unread
@@ -42,7 +48,8 @@ from recurrent_coreai.coreai.reproducible.odix import (ODIX_HEADER, ODIX_MAGIC, 
 from recurrent_coreai.coreai.reproducible.scopes import EXPORT_SEED, constants_released, export_scope, lowering_scope
 
 __all__ = [
-    "ASSET", "ASSUMPTIONS", "CHOICE_SITES", "CONVERTER", "DEBUGINFO_OPS", "EXPORT_SEED", "EXTERNALIZE", "HASH_CHUNK",
+    "ASSET", "ASSUMPTIONS", "Assumption", "CHOICE_SITES", "PATCHES", "ToolchainChanged", "broken", "collect_misses",
+    "patch_misses", "target_missing", "warn_misses", "CONVERTER", "DEBUGINFO_OPS", "EXPORT_SEED", "EXTERNALIZE", "HASH_CHUNK",
     "MAGIC", "ODIX_HEADER", "ODIX_MAGIC", "RESOURCE_NAME", "SECTION_RESOURCE_OFFSET", "SECTION_STRING",
     "SWIFT_HASHING_ENV", "ChunkedHashlib", "Unread", "assumption", "canonicalize_function_table",
     "canonicalize_register_resets", "canonicalize_resource_names", "constants_released", "export_scope",

@@ -1,5 +1,10 @@
 """The scopes a conversion and a lowering run in: every patch of coreai-* internals is made on
-entry and undone on exit (see the package docstring for what each one removes)."""
+entry and undone on exit (see the package docstring for what each one removes).
+
+Degrade, never die: a patch whose assumptions do not all hold on the installed coreai (a target
+gone, a changed internal) is not made; the scope runs without it, and the miss is recorded and
+warned about once (:func:`.patches.warn_misses`). The same holds for a canonicalisation that meets
+a file it does not understand: the file is left as coreai wrote it."""
 
 from __future__ import annotations
 
@@ -16,7 +21,8 @@ from recurrent_coreai.coreai.reproducible.chunked_hash import ChunkedHashlib, Un
 from recurrent_coreai.coreai.reproducible.odix import (canonicalize_function_table, canonicalize_register_resets,
                                                         function_names)
 from recurrent_coreai.coreai.reproducible.patches import (ASSET, CHOICE_SITES, CONVERTER, DEBUGINFO_OPS, EXTERNALIZE,
-                                                           swap, swap_kwdefault, toolchain_changed)
+                                                           PATCHES, ToolchainChanged, miss, patch_misses, swap,
+                                                           swap_kwdefault, usable, warn_misses)
 from recurrent_coreai.coreai.reproducible.swift import warn_unless_swift_hashing_deterministic
 
 # The string that seeds every random draw of an export (``seed`` names the bundle). It seeds the
@@ -41,10 +47,12 @@ def export_scope(seed: str) -> Iterator[None]:
     def canonical_writer(original):
         def write(module, path, dialect_version):
             original(module, path, dialect_version=dialect_version)
-            try:
+            try:  # it parses everything before it writes: a file it refuses is left as coreai wrote it
                 canonicalize_resource_names(Path(path))
             except (ValueError, IndexError) as exc:
-                raise toolchain_changed(f"main.mlirb is not the bytecode this module understands ({exc})") from None
+                warn_misses([miss(f"{ASSET}:_serialize_module_to_bytecode", f"main.mlirb is not the bytecode "
+                                  f"canonicalize_resource_names understands ({exc})", PATCHES["resource names"], True)])
+                return
             written.add(Path(path))
         return write
 
@@ -53,14 +61,23 @@ def export_scope(seed: str) -> Iterator[None]:
             return Unread(self) if self in written else original(self)
         return read_bytes
 
+    keys = [*(f"choice {site}" for site in CHOICE_SITES), "debuginfo record_id", "externalize uuid4",
+            "resource names", "chunked hash"]
+    misses = patch_misses(*keys)
+    warn_misses(misses)
     with contextlib.ExitStack() as stack:
         for site in CHOICE_SITES:
-            stack.enter_context(swap(site, "choice", lambda _: rng.choice))
-        stack.enter_context(swap_kwdefault(DEBUGINFO_OPS, "record", "record_id", rng.getrandbits(64)))
-        stack.enter_context(swap(EXTERNALIZE, "uuid4", lambda _: seeded_uuid4))
-        stack.enter_context(swap(ASSET, "_serialize_module_to_bytecode", canonical_writer))
-        stack.enter_context(swap(ASSET, "hashlib", lambda _: ChunkedHashlib()))
-        stack.enter_context(swap(pathlib.Path, "read_bytes", unread_bytecode))
+            if usable(misses, f"choice {site}"):
+                stack.enter_context(swap(site, "choice", lambda _: rng.choice))
+        if usable(misses, "debuginfo record_id"):
+            stack.enter_context(swap_kwdefault(DEBUGINFO_OPS, "record", "record_id", rng.getrandbits(64)))
+        if usable(misses, "externalize uuid4"):
+            stack.enter_context(swap(EXTERNALIZE, "uuid4", lambda _: seeded_uuid4))
+        if usable(misses, "resource names"):
+            stack.enter_context(swap(ASSET, "_serialize_module_to_bytecode", canonical_writer))
+            if usable(misses, "chunked hash"):  # it hashes only what the canonical writer wrote
+                stack.enter_context(swap(ASSET, "hashlib", lambda _: ChunkedHashlib()))
+                stack.enter_context(swap(pathlib.Path, "read_bytes", unread_bytecode))
         yield
 
 
@@ -69,17 +86,30 @@ def lowering_scope() -> Iterator[None]:
     """Within the block, ``AIModelAsset._write_odix`` writes a ``.odix`` that is a function of
     the bundle alone."""
 
+    def refused(exc: Exception) -> None:
+        warn_misses([miss(f"{ASSET}:serialize_module_to_odix", f"the .odix is not what reproducible/odix.py "
+                          f"understands ({getattr(exc, 'what', exc)})", PATCHES["odix order"], True)])
+
     def canonical_serializer(original):
         def serialize(*args, **kwargs):
             module = kwargs["module"] if "module" in kwargs else args[0]
-            canonicalize_register_resets(module)
+            try:  # only swaps reset registers among themselves: a refusal leaves a valid program
+                canonicalize_register_resets(module)
+            except (ToolchainChanged, ValueError, IndexError, AttributeError) as exc:
+                refused(exc)
             result = original(*args, **kwargs)
             path = Path(kwargs["path"] if "path" in kwargs else args[1])
-            canonicalize_function_table(path, sorted(function_names(module)))
+            try:  # parses the whole table before it writes
+                canonicalize_function_table(path, sorted(function_names(module)))
+            except (ToolchainChanged, ValueError, IndexError) as exc:
+                refused(exc)
             return result
         return serialize
 
-    with swap(ASSET, "serialize_module_to_odix", canonical_serializer):
+    misses = patch_misses("odix order")
+    warn_misses(misses)
+    with swap(ASSET, "serialize_module_to_odix", canonical_serializer) if usable(misses, "odix order") \
+            else contextlib.nullcontext():
         yield
 
 
@@ -93,6 +123,11 @@ def constants_released() -> Iterator[None]:
     nobody needs afterwards."""
     import torch
 
+    misses = patch_misses("constants released")
+    warn_misses(misses)
+    if not usable(misses, "constants released"):
+        yield
+        return
     converter = importlib.import_module(CONVERTER)
     attrs: dict[int, object] = {}
     keep: list = []  # the emptied tensors, so that their ids stay unique within the block
