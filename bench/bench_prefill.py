@@ -5,8 +5,8 @@ chunked ``prefill`` entry point (T tokens per call), both functions in ONE bundl
     python bench/bench_prefill.py [--family rwkv7] [--models tiny 0.1b] [--chunks 16 64 128] [--prompt 512]
                                   [--main-tokens tiny=512 0.1b=32] [--dtype float32] [--profile]
 
-``--family`` (rwkv7, rwkv6, mamba2): ``tiny`` is config.yaml's ``<family>-tiny`` model; ``0.1b``
-(12 x 768, the RWKV-7 0.1B geometry) exists for rwkv7 only. Per model and chunk T: the export
+``--family`` (any registered): ``tiny`` is config.yaml's ``<family>-tiny`` model; ``0.1b``
+(12 x 768, the RWKV-7 0.1B geometry; 24 x 768, state-spaces/mamba-130m's) exists for rwkv7 and mamba1. Per model and chunk T: the export
 stage's conversion (``coreai.convert.convert``: every entry point of ``entrypoints.ENTRY_POINTS``
 in one ``.aimodel``, and the decode function alone for the size baseline), lowered, both functions loaded over shared states (``coreai_runtime.PromptSession``),
 the prompt fed through ``main`` token by token and through ``prefill`` + ``main`` (tail), tokens/s.
@@ -82,20 +82,24 @@ def _print_profile(name: str, T: int, prof: dict[str, dict[str, float]]) -> None
 
 RWKV7_0_1B = {"layers": 12, "hidden": 768, "head_dim": 64, "ffn": 3072, "vocab": 65536, "decay_lora": 64,
               "a_lora": 64, "v_lora": 32, "gate_lora": 128}
+# state-spaces/mamba-130m's geometry (24 x 768, d_state 16, expand 2, dt_rank 48, vocab 50280, tied head)
+MAMBA1_130M = {"layers": 24, "hidden": 768, "d_state": 16, "vocab": 50280, "tie_embeddings": True}
+SHAPES_0_1B = {"rwkv7": RWKV7_0_1B, "mamba1": MAMBA1_130M}   # the families with a "0.1b" model here
 
 
 def geometry(family, name: str):
-    """(geometry, seed): config.yaml's ``<family>-tiny`` model, or (rwkv7 only) a 0.1B-shaped
-    synthetic one (RWKV-7 0.1B: 12 layers, C 768, ffn 3072, LoRA dims 64/64/32/128)."""
+    """(geometry, seed): config.yaml's ``<family>-tiny`` model, or (rwkv7, mamba1) a 0.1B-shaped
+    synthetic one (RWKV-7 0.1B: 12 layers, C 768, ffn 3072, LoRA dims 64/64/32/128; mamba-130m:
+    24 layers, C 768, d_state 16)."""
     import yaml
 
     if name == "tiny":
         spec = yaml.safe_load((ROOT / "config.yaml").read_text())["models"][f"{family.name}-tiny"]["source"]
         return family.geometry_from_shape(spec["shape"], "config.yaml"), int(spec["seed"])
-    if name == "0.1b" and family.name == "rwkv7":
-        return family.geometry_from_shape(RWKV7_0_1B, "bench_prefill.py"), 1
+    if name == "0.1b" and family.name in SHAPES_0_1B:
+        return family.geometry_from_shape(SHAPES_0_1B[family.name], "bench_prefill.py"), 1
     raise SystemExit(f"error: --models: unknown model {name!r} for family {family.name} -- fix: use tiny"
-                     + (" or 0.1b" if family.name == "rwkv7" else ""))
+                     + (" or 0.1b" if family.name in SHAPES_0_1B else ""))
 
 
 def bench_model(family, name: str, chunks: list[int], n_prompt: int, n_main: int, dtype: torch.dtype, tmp: Path,
@@ -180,7 +184,7 @@ def _row(r: dict, n_prompt: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", default="rwkv7", choices=families.available())
-    ap.add_argument("--models", nargs="+", default=None, help="tiny and (rwkv7 only) 0.1b; default: both / tiny")
+    ap.add_argument("--models", nargs="+", default=None, help="tiny and (rwkv7, mamba1) 0.1b; default: both for rwkv7, else tiny")
     ap.add_argument("--chunks", nargs="+", type=int, default=[16, 64, 128])
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--main-tokens", nargs="+", default=["tiny=512", "0.1b=32"],
