@@ -85,6 +85,7 @@ def build(model: str, export_record: Mapping, vocab_dir: Path, vocab_files: Mapp
         "bundle": export_record["bundle"].removesuffix(".aimodel"),
         "asset": asset,
         "bundle_sha256": bundle_digest(export_record),
+        "geometry": dict(export_record["geometry"]),
         "roles": {role: f["name"] for role, f in sorted(functions.items())},
         "functions": {f["name"]: {"role": role, "tokens_per_call": int(f["tokens_per_call"]),
                                   "inputs": _tensors(f["inputs"]), "outputs": _tensors(f["outputs"]),

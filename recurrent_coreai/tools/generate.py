@@ -315,6 +315,45 @@ def read_state(contract: dict, path: str | Path) -> tuple[dict, int]:
     return state_file.load(path, runner_contract.identity(contract), shapes, dtype)
 
 
+def tuned_state(contract: dict, path: str | Path) -> dict:
+    """The initial states of a state-tuning file (BlinkDL's trainer, RWKV-PEFT: ``.pth`` or
+    ``.safetensors`` holding ``blocks.<i>.att.time_state``) for the bundle of ``contract``, in its
+    state dtype: ``session.set_states(tuned_state(session.contract, "role.pth"))``, then feed the
+    prompt as usual (start token included). RWKV-6 and RWKV-7 only (``Family.tuned_states``)."""
+    import numpy as np
+
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(path, "no such state-tuning file", "give the .pth the state-tuning trainer wrote")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.numpy import load_file
+
+            tensors = load_file(path)
+        else:
+            import torch
+
+            tensors = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch and safetensors raise many types for a damaged file
+        raise PipelineError(path, f"cannot be read as a state-tuning file ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0][:120] if str(exc) else ''})",
+                            "give the .pth the state-tuning trainer wrote (or a .safetensors of its tensors)") from None
+    if not isinstance(tensors, dict):
+        raise PipelineError(path, f"holds a {type(tensors).__name__}, not a dict of tensors",
+                            "give the .pth the state-tuning trainer wrote")
+    if not contract.get("family"):
+        raise PipelineError(path, "cannot be placed: the runner contract names no family", "rebuild the contract")
+    family = families.get(contract["family"])
+    arrays = family.tuned_states(tensors, family.geometry_from_dict(contract["geometry"]), path)
+    shapes, dtype = state_spec(runner_contract.session_record(contract))
+    out = {n: np.asarray(a, dtype=dtype) for n, a in arrays.items()}
+    if {n: tuple(a.shape) for n, a in out.items()} != {n: tuple(s) for n, s in shapes.items()}:
+        raise PipelineError(path, "gives states that are not this bundle's", "give a state-tuning file of this model")
+    if not all(np.isfinite(a).all() for a in out.values()):
+        raise PipelineError(path, f"overflows this bundle's state dtype {dtype}", "use a recipe with float32 states")
+    return out
+
+
 def continuation_tokens(tokenizer, prompt: str, chat: bool = True) -> list[int]:
     """The prompt as :func:`chat_tokens` makes it, less the start ids every prompt begins with:
     what follows a loaded state."""
@@ -345,6 +384,8 @@ def parser() -> OneLineParser:
                    help="save after the prompt (default) or after the generated text")
     p.add_argument("--load-state", type=Path, metavar="FILE",
                    help="start from a saved state; the prompt continues it (fed without the start token)")
+    p.add_argument("--state-tuning", type=Path, metavar="FILE",
+                   help="start from an RWKV state-tuning file's trained initial state (.pth; RWKV-6, RWKV-7)")
     return p
 
 
@@ -358,6 +399,8 @@ def _check_args(ns) -> None:
     if ns.seed is not None and not 0 <= ns.seed < 2**64:
         raise PipelineError("--seed", f"{ns.seed} is out of range", "use an integer from 0 to 2**64-1 "
                             "(or leave --seed out for a fresh one)")
+    if ns.load_state is not None and ns.state_tuning is not None:
+        raise PipelineError("--state-tuning", "is given with --load-state", "give one: both set the initial states")
     if ns.save_state is not None and not ns.save_state.parent.resolve().is_dir():
         raise PipelineError(ns.save_state, "its directory does not exist", "create it, or save the state elsewhere")
     if ns.save_state is not None and ns.save_state.is_dir():
@@ -381,6 +424,8 @@ def main(argv=None) -> int:
     stop = ns.stop if ns.stop is not None else ([] if ns.no_chat else list(contract["chat"]["stop"]))
     # every refusal before the runtime loads the bundle (its load lines go to stderr)
     arrays, held = read_state(contract, ns.load_state) if ns.load_state is not None else (None, 0)
+    if ns.state_tuning is not None:
+        arrays = tuned_state(contract, ns.state_tuning)
     try:
         prompt = (continuation_tokens if held else chat_tokens)(tokenizer, ns.prompt, chat=not ns.no_chat)
     except ValueError as exc:
