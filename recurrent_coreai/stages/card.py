@@ -134,6 +134,9 @@ def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dic
             "bits": f"int{q['bits']}" if q else None, "block": q["block_size"] if q else None,
             "why": cfg["recipes"][name].get("why"),  # the recipe's measured reason (config), if it states one
             "larger_than_fp16": larger_than_fp16(name, mcfg["recipes"], cfg["recipes"], exports),
+            # a toolchain the reproducible-build patches do not fit (export.json; docs/toolchain.md)
+            "byte_reproducible": exp.get("byte_reproducible", True),
+            "toolchain_misses": [m for m in exp.get("toolchain_misses", []) if m["bytes"]],
         })
     targets = []
     for t in mcfg["targets"]:

@@ -44,8 +44,13 @@ def numbers(results: Path, model: str, recipe: str) -> dict:
         verdict = json.loads(gate.read_text())
         out.update({k: verdict.get(k) for k in GATE_KEYS}, **text_numbers(verdict), gate_file=str(gate.relative_to(results)))
     export_json = lay.export(recipe) / "export.json"
-    if out["size_bytes"] is None and export_json.is_file():
-        out["size_bytes"] = json.loads(export_json.read_text())["size_bytes"]
+    out["byte_reproducible"], out["toolchain_misses"] = None, []
+    if export_json.is_file():
+        exp = json.loads(export_json.read_text())
+        out["size_bytes"] = exp["size_bytes"] if out["size_bytes"] is None else out["size_bytes"]
+        # a bundle built where the reproducible-build patches did not all apply (docs/toolchain.md)
+        out["byte_reproducible"] = exp.get("byte_reproducible", True)
+        out["toolchain_misses"] = [m["why"] for m in exp.get("toolchain_misses", []) if m["bytes"]]
     stats = export_stats(lay.log(f"export-{recipe}"), model, recipe)
     if stats:
         out["export_seconds"], out["export_peak_rss_mb"] = stats["seconds"], stats["rss_mb"]
@@ -98,6 +103,7 @@ def assess(repo: Path, results: str, bw: dict, updates: Updates, run: Rebuild) -
         "toolchain": {"old": _toolchain(repo / results), "new": _toolchain(run.tree / results)},
         "jobs": {"planned": [j.to_json() for j in run.planned], "executed": [j.to_json() for j in run.executed],
                  "failed": [str(j) for j in run.failed], "summary": describe(run.executed)},
+        "contract": {"new": run.contract},  # the toolchain contract in the new venv, checked before the rebuild
         "snakemake_exit": run.exit, "rebuild_seconds": round(run.seconds, 1), "recipes": rows,
         "regressions": found, "verdict": "REGRESSION" if found else "no regression",
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -50,11 +51,23 @@ def show_plan(repo: Path, updates: Updates, index_url: str | None) -> list[Job]:
     return jobs
 
 
-def apply(repo: Path, cfg: dict, bw: dict, updates: Updates, expected: list[Job], keep: Path | None) -> dict:
-    """Rebuild with the new versions in a throwaway worktree (kept at ``keep``) and assess it."""
+def unbuilt(repo: Path, results: str, baseline: list[Job]) -> str | None:
+    """The one warning line when the baseline is not built (``baseline``: what ``snakemake -n
+    publish`` plans on it), else None: the listing above then includes what the baseline lacks."""
+    if not baseline:
+        return None
+    named = ", ".join(map(str, baseline[:3])) + (" …" if len(baseline) > 3 else "")
+    return (f"warning: {repo / results}: the baseline is not built (snakemake -n publish plans {len(baseline)} "
+            f"job(s): {named}); the jobs above include them, and --apply refuses until `snakemake --cores 1 "
+            "publish` has built it")
+
+
+def apply(repo: Path, cfg: dict, bw: dict, updates: Updates, expected: list[Job], keep: Path | None,
+          baseline: list[Job]) -> dict:
+    """Rebuild with the new versions in a throwaway worktree (kept at ``keep``) and assess it
+    (``baseline``: the jobs ``snakemake -n publish`` plans on the checkout: none, or a refusal)."""
     results = cfg["results"]
     check_clean(repo)
-    baseline = plan(repo, dict(os.environ))
     if baseline:
         raise PipelineError(repo / results, f"the baseline is not up to date (snakemake -n plans {len(baseline)} "
                             f"job(s): {', '.join(map(str, baseline[:3]))}{' …' if len(baseline) > 3 else ''})",
@@ -82,9 +95,15 @@ def main(argv: list[str] | None = None) -> int:
     bw["index_url"] = ns.index_url or bw["index_url"]
     updates = find_updates(read_pins(repo / REQUIREMENTS, bw["packages"]), bw["index_url"])
     expected = show_plan(repo, updates, bw["index_url"])
-    if not updates or not ns.apply:
+    if not updates:
         return 0
-    report = apply(repo, cfg, bw, updates, expected, ns.worktree and ns.worktree.resolve())
+    baseline = plan(repo, dict(os.environ))
+    warning = unbuilt(repo, cfg["results"], baseline)
+    if warning and not ns.apply:
+        print(warning, file=sys.stderr)
+    if not ns.apply:
+        return 0
+    report = apply(repo, cfg, bw, updates, expected, ns.worktree and ns.worktree.resolve(), baseline)
     for row in report["recipes"]:
         o, n = row["old"], row["new"]
         print(f"  {row['model']}/{row['recipe']}: gate {'PASS' if n['pass'] else 'FAIL'}, top-1 "

@@ -4,9 +4,10 @@ and check that it ran exactly the jobs a toolchain change plans."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from recurrent_coreai.tools.beta_watch.contract import check_contract
 from recurrent_coreai.tools.beta_watch.jobs import Job, parse_jobs, snakemake
 from recurrent_coreai.tools.beta_watch.pins import Updates, bump_pins
 from recurrent_coreai.tools.beta_watch.plan import plan
@@ -24,6 +25,7 @@ class Rebuild:
     failed: list[Job]
     exit: int
     seconds: float
+    contract: list[dict] = field(default_factory=list)  # the toolchain contract's misses in the new venv
 
 
 def rebuild(repo: Path, tree: Path, venv: Path, results: str, bw: dict, updates: Updates, expected: list[Job],
@@ -33,6 +35,7 @@ def rebuild(repo: Path, tree: Path, venv: Path, results: str, bw: dict, updates:
     bump_pins(tree, updates)
     env = prepare_env(venv, tree, updates, bw["index_url"])
     python = str(venv / "bin" / "python")
+    contract = check_contract(python, tree, env)  # before the rebuild: each miss is one line saying what degrades
     planned = plan(tree, env, python=python)
     if sorted(planned) != sorted(expected):
         differ = sorted(set(planned) ^ set(expected))
@@ -50,4 +53,4 @@ def rebuild(repo: Path, tree: Path, venv: Path, results: str, bw: dict, updates:
         differ = sorted(set(executed) ^ set(planned))
         raise PipelineError(log, f"the rebuild ran other jobs than planned ({', '.join(map(str, differ[:4]))})",
                             "inspect the snakemake log")
-    return Rebuild(tree, planned, executed, failed, rc, seconds)
+    return Rebuild(tree, planned, executed, failed, rc, seconds, contract)

@@ -18,9 +18,33 @@ def fmt(value, spec: str = ".3g", none: str = "–") -> str:
     return none if value is None else format(value, spec)
 
 
-def digests(old: str | None, new: str | None) -> str:
+def digests(old: str | None, new: str | None, comparable: bool = True) -> str:
+    """Old and new bundle digests; ``comparable`` is False when either bundle was built where the
+    reproducible-build patches did not all apply: its digest says nothing about a change."""
     short = [f"`{d[:12]}`" if d else "–" for d in (old, new)]
+    if not comparable:
+        return " → ".join(short) + " (not comparable: not byte-reproducible)"
     return f"{short[1]} (unchanged)" if old and old == new else " → ".join(short)
+
+
+def comparable(old: dict, new: dict) -> bool:
+    """Whether two bundles' digests can be compared (both built byte-reproducibly)."""
+    return old.get("byte_reproducible") is not False and new.get("byte_reproducible") is not False
+
+
+def degraded_lines(report: dict) -> list[str]:
+    """The toolchain contract's misses in the new venv and the bundles built not byte-reproducibly."""
+    from recurrent_coreai.coreai.toolchain import miss_line
+
+    misses = (report.get("contract") or {}).get("new") or []
+    rows = [(r, side) for r in report["recipes"] for side in ("old", "new") if r[side].get("byte_reproducible") is False]
+    if not misses and not rows:
+        return []
+    out = ["", "## Toolchain contract", ""]
+    out += [f"- {miss_line(m)}" for m in misses] or ["The new versions hold the whole contract."]
+    out += [f"- {r['model']}/{r['recipe']} ({side}): not byte-reproducible ({'; '.join(r[side]['toolchain_misses'])}); "
+            "its digest is not comparable" for r, side in rows]
+    return out
 
 
 def render_markdown(report: dict) -> str:
@@ -46,7 +70,8 @@ def render_markdown(report: dict) -> str:
                      f"{pair('mean_kl', '.2g')} | {pair('kld_p99', '.2g')} | {pair('same_top1', '.4f')} | "
                      f"{pair('ppl_ratio', '.5f')} | {pair('text_kld_mean', '.2g')} | {pair('text_ppl_ratio', '.5f')} | "
                      f"{pair('text_drift', '.2g')} ({fmt(n.get('text_horizon'), 'd')}) | {mb} | {pair('export_seconds', '.1f')} | "
-                     f"{pair('export_peak_rss_mb', '.0f')} | {digests(o['bundle_sha256'], n['bundle_sha256'])} |")
+                     f"{pair('export_peak_rss_mb', '.0f')} | {digests(o['bundle_sha256'], n['bundle_sha256'], comparable(o, n))} |")
+    lines += degraded_lines(report)
     lines += ["", "## Regressions", ""]
     lines += [f"- {r}" for r in report["regressions"]] or ["None beyond the limits."]
     lines += ["", "## Jobs", "", "Planned (`snakemake -n --forcerun toolchain publish` on the baseline) and run "
