@@ -47,13 +47,38 @@ def example_inputs() -> tuple[torch.Tensor, torch.Tensor]:
     return by_role(DECODE).example_inputs(1)
 
 
+FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
+
+
+def fitting(weights, dtype: torch.dtype, recipe_name: str, where: Path):
+    """The weights as they come, each checked to fit ``dtype``: the source stage refuses inf and
+    NaN weights, so an inf after the cast to float16 is a finite weight beyond its range (|x| >
+    65504), which made the bundle's logits inf or its states NaN at the gate with no tensor named.
+    Every such tensor is named, in one line, once all are read."""
+    over = []
+    for name, tensor in weights:
+        if dtype == torch.float16 and tensor.is_floating_point():
+            n = int(torch.isinf(tensor).sum())
+            if n:
+                over.append(f"{name} ({n} of {tensor.numel()})")
+        yield name, tensor
+    if over:
+        shown = ", ".join(over[:4]) + (f" and {len(over) - 4} more" if len(over) > 4 else "")
+        raise PipelineError(where, f"{len(over)} tensor(s) hold weights beyond float16's range (|x| > "
+                            f"{FP16_MAX:g}), which recipe {recipe_name} (float16) would store as inf: {shown}",
+                            "use a float32 recipe for this checkpoint, or check those weights (a diverged or "
+                            "mis-converted checkpoint)")
+
+
 def load_module(family, source_dir: Path, dtype: torch.dtype, q: dict | None,
                 recipe_name: str, geometry=None) -> tuple[torch.nn.Module, list[dict], object]:
     """The decode module read from ``source_dir`` one tensor at a time in ``dtype`` and, for a
     quantised recipe, the plan: each planned linear is quantised as soon as its weight is read
     (the decode module is quantised FIRST: every entry point is then built over it). ``geometry``:
-    the one the source stage recorded (None: read from the directory's config.json)."""
+    the one the source stage recorded (None: read from the directory's config.json). A weight
+    that does not fit ``dtype`` is one line naming it (:func:`fitting`)."""
     geom, weights = stream_checkpoint(source_dir, dtype, family, geometry)
+    weights = fitting(weights, dtype, recipe_name, Path(source_dir) / "model.safetensors")
     if not q:
         return family.build_decode(weights, geom, dtype), [], geom
     # a tied linear (a head tied to the embedding) is kept unless a raw include names it
