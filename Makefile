@@ -8,7 +8,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export DVC_NO_ANALYTICS := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: setup browser publish test test-cluster lint dvc-repro verify bench clean
+.PHONY: setup browser publish test test-cluster lint dvc-repro verify bench mutate clean
 
 setup: $(STAMP)
 
@@ -53,6 +53,11 @@ lint: setup
 
 bench: setup
 	python bench/bench_export_gate.py
+
+# mutation testing of the code that decides pass or fail (scripts/mutate.py: mutmut, installed on
+# first use beside the venv; CPU heavy, one worker, minutes); not part of make test
+mutate: setup
+	python scripts/mutate.py
 
 clean:
 	rm -rf results .snakemake
