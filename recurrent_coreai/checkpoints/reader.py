@@ -570,6 +570,33 @@ def stream_checkpoint(src: str | Path, dtype: torch.dtype, family=None,
     return p.geometry, ((k, v.to(dtype)) for k, v in normal.items())
 
 
+class TiedCheck:
+    """A head that config.json ties to the embedding (``family.tied_linears``: ``{linear: the
+    embedding's tensor}``) must equal it, read one tensor at a time: each side's digest (its
+    values as float32, its shape) is kept as it streams past, the pair compared at the end. The
+    whole-file read (the family's ``normalize``) compares the tensors; a streamed read -- a
+    sharded checkpoint, or a single file already in the normal form, copied as it is -- did not,
+    and a different head was accepted (issue 34, case 4)."""
+
+    def __init__(self, tied: Mapping[str, str], where: str | Path):
+        self.pairs = {f"{linear}.weight": embed for linear, embed in tied.items()}
+        self.where, self.digests = where, {}
+
+    def see(self, name: str, tensor: torch.Tensor) -> None:
+        if name in self.pairs or name in self.pairs.values():
+            import hashlib
+
+            data = tensor.detach().to(torch.float32).contiguous().numpy().tobytes()
+            self.digests[name] = (tuple(tensor.shape), hashlib.sha256(data).hexdigest())
+
+    def check(self) -> None:
+        for head, embed in self.pairs.items():
+            if head in self.digests and embed in self.digests and self.digests[head] != self.digests[embed]:
+                raise PipelineError(self.where, f"tensor {head} differs from the tied embedding {embed} (config.json "
+                                    "ties them)", "set tie_word_embeddings false in config.json if the head is its "
+                                    "own tensor")
+
+
 def write_normalized(src: str | Path, dst: str | Path, family=None) -> Checkpoint:
     """Read, check and normalise ``src`` as :func:`read_checkpoint` does and write the normal form to
     ``dst`` as :func:`save_normalized` does (a single normal-form ``.safetensors`` is copied
@@ -593,8 +620,12 @@ def write_normalized(src: str | Path, dst: str | Path, family=None) -> Checkpoin
             save_normalized(normal, dst)
         return Checkpoint(p.geometry, normal, p.layout, stored.files, p.inputs, p.family)
 
+    tied = TiedCheck(p.family.tied_linears(p.geometry), stored.where)
+
     def parts() -> Iterator[tuple[str, torch.Tensor]]:
-        """Every tensor, in file order, checked, in its normal form."""
+        """Every tensor, in file order, checked, in its normal form; a head stored beside the
+        embedding config.json ties it to must equal it (:class:`TiedCheck`), as the whole-file
+        read requires."""
         with Progress("normalising weights", total=sum(e.nbytes for e in stored.entries.values()), unit="B") as bar:
             for name, t in stored:
                 try:
@@ -603,9 +634,12 @@ def write_normalized(src: str | Path, dst: str | Path, family=None) -> Checkpoin
                     if exc.where != name:
                         raise
                     raise PipelineError(stored.where, f"tensor {name} {exc.what}", exc.fix) from None
+                for part in parts:
+                    tied.see(*part)
                 yield from parts
                 bar.update(t.numel() * t.element_size())
                 del t
+        tied.check()
 
     if as_is and set(stored.entries) == set(p.meta):  # not, e.g., a tied head the file leaves out
         for _, t in parts():
