@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from recurrent_coreai.coreai.reproducible.patches import PATCHES
+
 PACKAGES = ("torch", "coreai-core", "coreai-torch", "coreai-opt", "safetensors", "huggingface-hub", "numpy")
 
 
@@ -89,7 +91,7 @@ PUBLIC: tuple[Need, ...] = (
     Need(f"{_IR}:DenseResourceElementsAttr", "dequant_fold", FOLD_FAILS),
     Need(f"{_IR}:InsertionPoint", "dequant_fold", FOLD_FAILS),
     Need(f"{_IR}:WalkResult", "dequant_fold, reproducible/odix.py", FOLD_FAILS),
-    Need(f"{_IR}:WalkOrder", "reproducible/odix.py", FOLD_FAILS),
+    Need(f"{_IR}:WalkOrder", "reproducible/odix.py (the register resets' order)", PATCHES["odix order"], bytes=True),
     Need("coreai._compiler._mlir_libs._coreaiIR._bindings.compiler:copy_constant_value_to_array", "dequant_fold",
          FOLD_FAILS),
     Need("coreai.runtime:AIModel.load", "runtime.DecodeSession", RUNTIME_FAILS),

@@ -95,7 +95,7 @@ def lowering_scope() -> Iterator[None]:
             module = kwargs["module"] if "module" in kwargs else args[0]
             try:  # only swaps reset registers among themselves: a refusal leaves a valid program
                 canonicalize_register_resets(module)
-            except (ToolchainChanged, ValueError, IndexError, AttributeError) as exc:
+            except (ToolchainChanged, ValueError, IndexError, AttributeError, ImportError) as exc:
                 refused(exc)
             result = original(*args, **kwargs)
             path = Path(kwargs["path"] if "path" in kwargs else args[1])
