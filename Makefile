@@ -8,7 +8,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export DVC_NO_ANALYTICS := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: setup browser publish test test-cluster lint dvc-repro verify bench mutate clean
+.PHONY: setup browser publish test test-beta test-cluster lint dvc-repro verify bench mutate clean
 
 setup: $(STAMP)
 
@@ -58,6 +58,31 @@ bench: setup
 # first use beside the venv; CPU heavy, one worker, minutes); not part of make test
 mutate: setup
 	python scripts/mutate.py
+
+# Issue 38: the scheduled rebuild from the previous real release. A clone of HEAD in $(BETA_DIR)
+# pinned (requirements.txt and envs/*.yaml, committed there) to coreai-core $(BETA_CORE) +
+# coreai-torch $(BETA_TORCH) (the pair apple/coreai-models pins) + coreai-opt $(BETA_OPT) (the release
+# before the pin; 0.2.1, whose [coreai] extra names b2, caps torch at 2.11); its own venv (torch 2.13.0 from local disk:
+# requirements.txt pins it, pip.conf's find-links serves it); the toolchain contract checked there;
+# the default DAG built there; then beta-watch --apply back to the newest releases (exit 0 or 1,
+# with its report). CPU heavy (the DAG twice); not part of make test. See docs/toolchain.md.
+BETA_DIR   ?= /tmp/recurrent-coreai-test-beta
+BETA_CORE  ?= 1.0.0b2
+BETA_TORCH ?= 0.4.2
+BETA_OPT   ?= 0.3.0
+BETA_PATH  := $(BETA_DIR)/.venv/bin:/usr/local/bin:/usr/bin:/bin
+test-beta:
+	rm -rf $(BETA_DIR) && git clone -q "$(CURDIR)" $(BETA_DIR)
+	cd $(BETA_DIR) && sed -i -E -e 's/^(\s*(- )?coreai-core==)\S+/\1$(BETA_CORE)/' \
+	  -e 's/^(\s*(- )?coreai-torch==)\S+/\1$(BETA_TORCH)/' -e 's/^(\s*(- )?coreai-opt==)\S+/\1$(BETA_OPT)/' \
+	  requirements.txt envs/*.yaml && git -c user.name=test-beta -c user.email=test-beta@localhost commit -qam \
+	  "pins: coreai-core $(BETA_CORE), coreai-torch $(BETA_TORCH), coreai-opt $(BETA_OPT)"
+	cd $(BETA_DIR) && $(PY) -m venv .venv && .venv/bin/pip install -q -r requirements-test.txt \
+	  && .venv/bin/pip install -q --no-deps -e .
+	cd $(BETA_DIR) && .venv/bin/python -c "import torch; assert torch.__version__.split('+')[0] == '2.13.0', torch.__version__"
+	cd $(BETA_DIR) && PATH=$(BETA_PATH) python -m recurrent_coreai.coreai.toolchain
+	cd $(BETA_DIR) && PATH=$(BETA_PATH) bash -c 'time snakemake --cores 1 --keep-going publish'
+	cd $(BETA_DIR) && PATH=$(BETA_PATH) python -m recurrent_coreai beta-watch --apply; test $$? -le 1
 
 clean:
 	rm -rf results .snakemake
