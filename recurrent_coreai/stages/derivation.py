@@ -37,8 +37,9 @@ from pathlib import Path
 
 from recurrent_coreai import families, tokenizers
 from recurrent_coreai.pipeline import config as cfgmod
-from recurrent_coreai.pipeline.records import (AOT, EXPORT, check_seal, read_aot, read_card, read_export, read_gate,
-                                              read_gate_tsv, read_report, read_vocab, rerun_fix, unseal_card)
+from recurrent_coreai.pipeline.records import (AOT, EXPORT, SEAL, check_seal, read_aot, read_card, read_export,
+                                              read_gate, read_gate_tsv, read_report, read_vocab, rerun_fix,
+                                              unseal_card)
 from recurrent_coreai.stages import card, gate, report
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.util.fsutil import first_difference, sha256_file, tree_manifest
@@ -232,12 +233,49 @@ def check_vocab(vocab_dir: Path, model: str, settings: dict, source: Path) -> di
     return recorded
 
 
+# --- the doctor's results --------------------------------------------------------------------------
+def check_doctor(path: Path, family: str, source: Path, export_dir: Path) -> dict:
+    """A doctor JSON (sealed) against what it derives from: it linted exactly the family's graph
+    sources, the source directory and this export's bundle; each report's judgement for the
+    recipe (``applies``, ``not_applicable``, its exit status: stages.doctor.judge) and the counts
+    and worst exit status are made again from coreai doctor's findings and the export's
+    ``export.json``; the result passes (below coreai doctor's fail status). coreai doctor's own
+    findings are taken as recorded (as the gate's TSV rows are: docs/provenance.md)."""
+    import copy
+
+    from recurrent_coreai.pipeline.records import read_doctor
+    from recurrent_coreai.stages import doctor
+
+    path = Path(path)
+    recorded = read_doctor(path)
+    export = read_export(Path(export_dir), files=False)
+    # what it linted, by name (the paths are as the doctor job was given them, relative or not)
+    targets = [*(Path(p).name for p in families.get(family).doctor_sources()), Path(source).name, export["bundle"]]
+    reports = recorded.get("reports") or []
+    linted = [Path(str(r.get("target"))).name for r in reports]
+    if linted != targets:
+        raise disagrees(path, Path(export_dir) / EXPORT, f"it linted {linted}, not {targets}", "doctor")
+    fresh = doctor.summary([doctor.as_reported(copy.deepcopy(r)) for r in reports], export)
+    plain = {k: v for k, v in recorded.items() if k not in (SEAL, "toolchain_contract", "tool")}
+    _compare(path, path, plain, {k: v for k, v in fresh.items() if k != "tool"}, "doctor")
+    if fresh["exit_status"] >= doctor.FAIL_STATUS:
+        raise disagrees(path, path, f"its findings fail recipe {export['recipe']} (exit status {fresh['exit_status']})",
+                        "doctor")
+    return recorded
+
+
 # --- what publish reads, what DVC records ----------------------------------------------------------
 def check_publish_inputs(model: str, settings: dict, source: Path, card_path: Path, vocab: Path, toolchain: Path,
-                         exports: list[Path], gates: list[Path], aots: list[Path], reference: Path | None) -> None:
-    """Every derived record the publish stage stages, against what it derives from (``settings``:
-    the stage_and_push settings, which hold the card's and the gate's)."""
+                         exports: list[Path], gates: list[Path], aots: list[Path], reference: Path | None,
+                         doctors: list[Path] = ()) -> None:
+    """Every derived record the publish stage stages or reads, against what it derives from
+    (``settings``: the stage_and_push settings, which hold the card's and the gate's; ``doctors``:
+    each recipe's ``<recipe>.doctor.json``)."""
     by_recipe = {read_export(Path(p), files=False)["recipe"]: Path(p) for p in exports}
+    for path in doctors:
+        recipe = Path(path).name.removesuffix(".doctor.json")
+        if recipe in by_recipe:
+            check_doctor(Path(path), settings["models"][model]["family"], source, by_recipe[recipe])
     for path in gates:
         recipe = read_gate(Path(path))["recipe"]
         check_gate(Path(path), cfgmod.gate_settings(settings, recipe), by_recipe.get(recipe), reference)
@@ -284,6 +322,9 @@ def check_stage(stage: dict) -> None:
         check_export(Path(one["out"]))
     elif script == "aot":
         check_aot(Path(one["out"]), Path(one["export"]))
+    elif script == "doctor":
+        cfg = cfgmod.load(one.get("config_file", cfgmod.DEFAULT_FILE))
+        check_doctor(Path(one["out"]), cfgmod.model(cfg, one["model"])["family"], one["checkpoint"], Path(one["export"]))
     elif script == "vocab":
         cfg = cfgmod.load(one.get("config_file", cfgmod.DEFAULT_FILE))
         check_vocab(Path(one["out"]), one["model"], cfgmod.settings(cfg, "vocab", model=one["model"]), Path(one["source"]))
@@ -306,4 +347,5 @@ def check_stage(stage: dict) -> None:
             check_publish_inputs(one["model"], cfgmod.settings(cfg, "stage_and_push", model=one["model"]),
                                  Path(one["source"]), Path(one["card"]), Path(one["vocab"]), Path(one["toolchain"]),
                                  list(map(Path, a["exports"])), list(map(Path, a["gates"])),
-                                 list(map(Path, a.get("aots", []))), Path(one["reference"]) if one.get("reference") else None)
+                                 list(map(Path, a.get("aots", []))), Path(one["reference"]) if one.get("reference") else None,
+                                 list(map(Path, a.get("doctors", []))))

@@ -122,18 +122,33 @@ def lint(sources: list[Path], checkpoint: Path | None, bundle: Path | None, expo
     recipe of ``export_record`` not counted: :func:`judge`)."""
     targets = [*sources, *([checkpoint] if checkpoint else []), *([bundle] if bundle else [])]
     q = (export_record or {}).get("recipe_spec", {}).get("quantize") or {}
-    reports, worst = [], 0
+    reports = []
     for target in targets:
         status, report = run_doctor(Path(target), q.get("block_size"))
         report["exit_status"] = status
         reports.append(report)
-        worst = max(worst, judge(report, export_record))
+    return summary(reports, export_record)
+
+
+def summary(reports: list[dict], export_record: dict | None) -> dict:
+    """The doctor's result from coreai doctor's reports (each with its own ``exit_status``):
+    each judged for the recipe (:func:`judge`), the worst exit status and the counts."""
+    worst = max([judge(report, export_record) for report in reports], default=0)
     findings = [f for r in reports for f in r["findings"] if f.get("applies", True)]
     return {"tool": tool_version(), "profile": PROFILE, "exit_status": worst, "findings": len(findings),
             "defects": sum(f["severity"] in ("fatal", "silent", "runaway", "perf") for f in findings),
             **({"not_applicable": sum(len(r["findings"]) for r in reports) - len(findings)}
                if len(findings) < sum(len(r["findings"]) for r in reports) else {}),
             "reports": reports}
+
+
+def as_reported(report: dict) -> dict:
+    """A recorded report as coreai doctor gave it, before :func:`judge` marked it for the recipe."""
+    raw = {k: v for k, v in report.items() if k != "doctor_exit_status"}
+    raw["exit_status"] = report.get("doctor_exit_status", report["exit_status"])
+    raw["findings"] = [{k: v for k, v in f.items() if k not in ("applies", "not_applicable")}
+                       for f in report["findings"]]
+    return raw
 
 
 def first_defect(result: dict) -> tuple[str, dict]:

@@ -364,7 +364,7 @@ def main(argv=None) -> int:
     def derived() -> None:
         derivation.check_publish_inputs(ns.model, s, Path(ns.source), Path(ns.card), Path(ns.vocab),
                                         Path(ns.toolchain), ns.exports, ns.gates, ns.aots,
-                                        ns.reference[0] if ns.reference else None)
+                                        ns.reference[0] if ns.reference else None, ns.doctors)
 
     receipt = stage_tree(Path(ns.out), Path(ns.card), Path(ns.vocab), ns.exports, ns.aots, ns.gates, meta, manifest,
                          published_folders(m, m["targets"]), tsvs=bool(ns.tsvs), check=derived)
