@@ -1,5 +1,5 @@
 """A model moved from a ``--configfile`` fragment into config.yaml with the same settings reruns
-nothing (issue 34, case 10; docs/bad-inputs.md row N11): which file a stage reads its settings from
+nothing (issue 34, case 10; docs/bad-inputs.md row N12): which file a stage reads its settings from
 is no Snakemake param (the commands name ``{CONFIG_FILE}``, a global of the shell directive); the
 settings it reads are, by value. With the merged file's path as a param, every job of the model
 ran again after the move."""

@@ -1,4 +1,4 @@
-"""Doctor results re-derived at staging (issue 34, case 5; docs/bad-inputs.md row N13): publish (and
+"""Doctor results re-derived at staging (issue 34, case 5; docs/bad-inputs.md row N19): publish (and
 scripts/dvc_record.py) checks each ``<recipe>.doctor.json`` against what it derives from --
 it linted this recipe's bundle, the source and the family's graph sources, and its judgement for
 the recipe and its counts are what coreai doctor's findings and export.json give. A doctor JSON

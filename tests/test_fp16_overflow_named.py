@@ -1,5 +1,5 @@
 """A finite weight beyond float16's range, exported with a float16 recipe (issue 34, case 8;
-docs/bad-inputs.md row N16): the export stage names the tensors in one line (it failed only at the
+docs/bad-inputs.md row N17): the export stage names the tensors in one line (it failed only at the
 gate, with NaN states and no tensor named); a float32 recipe of the same source exports."""
 
 from __future__ import annotations

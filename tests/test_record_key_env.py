@@ -1,5 +1,5 @@
 """The records' key and the gate's shard size as a user sets them wrongly (issue 34, cases 5 and 13;
-docs/bad-inputs.md rows N12-N14), each ONE line and exit 1 before any job, no traceback:
+docs/bad-inputs.md rows N13-N15), each ONE line and exit 1 before any job, no traceback:
 
 * ``RECURRENT_COREAI_RECORD_KEY=`` (set but empty: what an unset CI secret expands to) turned the
   MAC off with no word; now it is refused, by Snakemake at start and by every stage and tool;

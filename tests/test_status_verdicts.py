@@ -1,5 +1,5 @@
 """``status`` says when a gate's verdict is not the config's or not the last one (issue 34, case 6;
-docs/bad-inputs.md row N10): a gate JSON recorded with other thresholds, near-tie epsilon or
+docs/bad-inputs.md row N11): a gate JSON recorded with other thresholds, near-tie epsilon or
 prompts than the config in force gives is stale (``config: gate (...)``), not "pass, stale: no";
 where a ``.failed.json`` is newer than the passing JSON beside it, the row is FAIL."""
 

@@ -1,5 +1,5 @@
 """A synthetic model whose ``shape.vocab`` its BPE tokenizer cannot be made for (issue 34, case 11;
-docs/bad-inputs.md row N8): a gdn (sp-bpe) or mamba2 (hf-bpe) with ``vocab: 200`` is one line at
+docs/bad-inputs.md row N10): a gdn (sp-bpe) or mamba2 (hf-bpe) with ``vocab: 200`` is one line at
 the config check (the kind's MIN_VOCAB), and a size the synthetic trainer cannot hit exactly (264
 for sp-bpe) one line from the source stage naming the key -- both were "internal error" lines."""
 

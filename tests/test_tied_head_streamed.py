@@ -1,5 +1,5 @@
 """``tie_word_embeddings: true`` with a different ``lm_head`` stored (issue 34, case 4;
-docs/bad-inputs.md row N17): refused in one line naming the user's file by the source stage's
+docs/bad-inputs.md row N18): refused in one line naming the user's file by the source stage's
 streamed read -- in one file (copied as it is) and across two shards -- as the whole-file read
 refuses it; a head equal to the embedding is accepted. Gated DeltaNet and Mamba-2 (the families
 whose config ties the head)."""

@@ -1,5 +1,5 @@
 """``generate`` and ``status`` with a model added by a ``--configfile`` fragment (issue 34, case 14;
-docs/bad-inputs.md row N15): ``--config-file fragment.yaml`` is merged over config.yaml as
+docs/bad-inputs.md row N16): ``--config-file fragment.yaml`` is merged over config.yaml as
 ``snakemake --configfile`` merges it (config.load_for_tool) -- it was validated alone, and refused
 with "'results' is a required property". A whole config (with ``results:``) is read as it is."""
 
