@@ -5,7 +5,7 @@ read back through the family's reader.
 
 mamba_ssm does not import on a machine without CUDA: ``mamba_ssm/__init__.py`` imports the triton
 kernels and ``ops/selective_scan_interface.py`` imports the compiled ``selective_scan_cuda`` at the
-top (docs/mamba1.md#official-implementations). Its reference functions themselves are plain torch +
+top (docs/mamba1.md#proven-against-the-official-implementations). Its reference functions themselves are plain torch +
 einops, so they are taken from the installed source files by name (their ``def`` only, read with
 ``ast``) and run here. Where mamba_ssm's source is not installed the test is skipped, saying how to
 get it (a CUDA-less source build into a throwaway folder)::

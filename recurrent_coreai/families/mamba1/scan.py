@@ -24,7 +24,6 @@ graph).
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 import numpy as np
@@ -33,10 +32,10 @@ import torch
 
 
 def block_size(T: int) -> int:
-    """Tokens per block for a chunk of T: level 1 costs ∝ T·b, level 2 ∝ (T/b)², least near
-    b = (2T)^(1/3); the power of two at or below it (no padding for a power-of-two chunk):
-    2 at T = 16, 4 at T = 64, 8 at T = 256."""
-    return 1 << max(1, int(math.log2((2 * T) ** (1 / 3) + 1e-9)))
+    """Tokens per block for a chunk of T: level 1 costs ∝ T·b, level 2 ∝ (T/b)²; the power of two
+    (no padding for a power-of-two chunk) with the least T·b + (T/b)²: 4 at T = 16 and 64, 8 at
+    T = 128 and 256."""
+    return min((1 << k for k in range(1, max(1, T.bit_length()))), key=lambda b: T * b + (T / b) ** 2, default=2)
 
 
 @lru_cache(maxsize=None)
