@@ -48,34 +48,31 @@ def greedy(session, logits, steps=STEPS):
 
 @pytest.mark.parametrize("model", sorted(TINY))
 def test_resume_equals_the_uninterrupted_run(model, tmp_path):
-    """Save after a system prompt, load the file into a new session, feed the question: the
-    continuation is the uninterrupted run's (split on a chunk: the same calls, bit for bit)."""
+    """Save after a system prompt, load the file into a session reset to zero states, feed the
+    question: the continuation is the uninterrupted run's (split on a chunk: the same calls, bit
+    for bit). (A new session starts from zero states too: reset() is what its constructor does.)"""
     recipe = TINY[model]["recipes"][0]
     session, tok = opened(model, recipe)
-    chunk = session.chunk
-    for n in (chunk, chunk - 14):  # on a prefill chunk, and inside one
-        head = tok.prompt(SYSTEM, chat=False)[:n]
-        assert len(head) == n
-        tail = gen.continuation_tokens(tok, QUESTION, chat=True)
-        with session:
+    dtype = np.dtype(session.contract["functions"]["main"]["outputs"][0]["dtype"])
+    tail = gen.continuation_tokens(tok, QUESTION, chat=True)
+    with session:
+        for n in (session.chunk, session.chunk - 14):  # on a prefill chunk, and inside one
+            head = tok.prompt(SYSTEM, chat=False)[:n]
+            assert len(head) == n
             session.reset()
             whole, whole_logits = greedy(session, session.feed(head + tail))
             session.reset()
             session.feed(head)
-            gen.save_state(session, tmp_path / "s.state", len(head))
-        session, _ = opened(model, recipe)
-        with session:
-            assert gen.load_state(session, tmp_path / "s.state") == n
+            gen.save_state(session, tmp_path / f"{n}.state", len(head))
+            session.reset()
+            assert gen.load_state(session, tmp_path / f"{n}.state") == n
             resumed, resumed_logits = greedy(session, session.feed(tail))
-        session, _ = opened(model, recipe)
-        assert resumed == whole, (model, n)
-        if n == chunk:
-            np.testing.assert_array_equal(resumed_logits, whole_logits)
-        else:
-            dtype = np.dtype(session.contract["functions"]["main"]["outputs"][0]["dtype"])
-            ulp = float(np.spacing(dtype.type(np.abs(whole_logits).max())))
-            assert np.abs(resumed_logits - whole_logits).max() <= ULPS * ulp, (model, n)
-    session.close()
+            assert resumed == whole, (model, n)
+            if n == session.chunk:
+                np.testing.assert_array_equal(resumed_logits, whole_logits)
+            else:
+                ulp = float(np.spacing(dtype.type(np.abs(whole_logits).max())))
+                assert np.abs(resumed_logits - whole_logits).max() <= ULPS * ulp, (model, n)
 
 
 def test_a_fresh_session_without_the_state_is_another_run(tmp_path):
