@@ -61,7 +61,8 @@ GATE_WORKERS_FAST = tuple(f"tests/test_gate_workers.py::{t}" for t in (
 
 TARGETS = (
     Target("gate_verdict", "recurrent_coreai/stages/gate_verdict.py",
-           ("tests/test_gate_verdict.py", "tests/test_gate_counted.py", "tests/test_gate_verdict_edges.py")),
+           ("tests/test_gate_verdict.py", "tests/test_gate_counted.py", "tests/test_gate_verdict_edges.py",
+            "tests/test_gate_text.py")),
     # the gate's thresholds as gate.py applies them: the epsilon in use, the reference's scale, the steps
     Target("gate_thresholds", "recurrent_coreai/stages/gate.py",
            ("tests/test_gate_counted.py", "tests/test_gate_verdict.py", *GATE_WORKERS_FAST),
