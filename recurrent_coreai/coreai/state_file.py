@@ -5,8 +5,8 @@ loading them into a fresh session continues exactly where the first one stopped
 (``generate --save-state`` / ``--load-state``; docs/tools.md#state-files).
 
 The format is safetensors. Each tensor is one state of the bundle under the bundle's state name
-(``export.json`` ``functions.main.states``: ``recState``, ``shiftState``, ``convState``, ...), in
-the bundle's shape (batch dimension included) and dtype. The header's ``__metadata__`` (strings)
+(``export.json`` ``functions.main.states``, the runner contract's ``states``), in the bundle's
+shape (batch dimension included) and dtype. The header's ``__metadata__`` (strings)
 says what the states belong to:
 
 =====================  ================================================================
