@@ -46,8 +46,8 @@ def _sum_data(n: int) -> dict[str, np.ndarray]:
     [n, n], row s the a_r with s < r; ``incl`` / ``strict`` [n, n, 1]: 1 where s ≤ t / j < k."""
     t, s, r = np.arange(n).reshape(n, 1, 1), np.arange(n).reshape(1, n, 1), np.arange(n).reshape(1, 1, n)
     f = np.float64
-    return {"seg": ((s < r) & (r <= t)).astype(f).reshape(n * n, n),
-            "before": ((s < r) & (r < t)).astype(f).reshape(n * n, n),
+    return {"seg": np.logical_and(s < r, r <= t).astype(f).reshape(n * n, n),
+            "before": np.logical_and(s < r, r < t).astype(f).reshape(n * n, n),
             "cum": (r[0] <= t[:, :, 0]).astype(f), "ahead": (r[0] < t[:, :, 0]).astype(f),
             "to_end": (s[0, :, 0].reshape(n, 1) < r[0]).astype(f),
             "incl": (s[:, :, 0] <= t[:, :, 0]).astype(f).reshape(n, n, 1),
