@@ -161,3 +161,16 @@ def test_one_write_per_state_in_the_export_graph(model, chunk):
     assert state_writes(ep, STATE_NAMES) == {"convState": 1, "ssmState": 1}
     assert [s.name for s in FAMILY.state_specs(g)] == list(STATE_NAMES)
     assert {s.name: s.shape for s in FAMILY.state_specs(g)} == {n: tuple(getattr(dec, n).shape) for n in STATE_NAMES}
+
+
+def test_the_doctor_source_lint_finds_nothing_in_the_export_sources():
+    """coreai doctor's source rules (what the doctor stage runs over ``export_sources``) pass: two of
+    them once read this family's docstrings and numpy masks as graph code."""
+    from pathlib import Path
+
+    import coreai_doctor
+
+    root = Path(__file__).resolve().parents[2]
+    rep = coreai_doctor.Report("mamba1", "source")
+    coreai_doctor.check_source_files([root / p for p in FAMILY.export_sources], rep)
+    assert "SRC-INT64-BOOL-MASK" in rep.checked and rep.findings == []
