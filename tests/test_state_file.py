@@ -46,12 +46,14 @@ def greedy(session, logits, steps=STEPS):
     return tokens, np.array(rows)
 
 
-@pytest.mark.parametrize("model", sorted(TINY))
-def test_resume_equals_the_uninterrupted_run(model, tmp_path):
+RESUME = [(m, TINY[m]["recipes"][0]) for m in sorted(TINY)] + [(M, "fp16")]  # every family; a 16-bit recipe
+
+
+@pytest.mark.parametrize("model,recipe", RESUME, ids=[f"{m}-{r}" for m, r in RESUME])
+def test_resume_equals_the_uninterrupted_run(model, recipe, tmp_path):
     """Save after a system prompt, load the file into a session reset to zero states, feed the
     question: the continuation is the uninterrupted run's (split on a chunk: the same calls, bit
     for bit). (A new session starts from zero states too: reset() is what its constructor does.)"""
-    recipe = TINY[model]["recipes"][0]
     session, tok = opened(model, recipe)
     dtype = np.dtype(session.contract["functions"]["main"]["outputs"][0]["dtype"])
     tail = gen.continuation_tokens(tok, QUESTION, chat=True)
