@@ -157,3 +157,20 @@ def test_the_dry_run_warns_when_the_baseline_is_not_built():
     assert line.startswith(f"warning: {ROOT / 'results'}: the baseline is not built (snakemake -n publish plans "
                            "4 job(s): source[model=m], vocab[model=m], reference[model=m] …)")
     assert "\n" not in line
+
+
+def test_an_export_whose_states_became_plain_inputs_is_refused_in_one_line():
+    """coreai-torch 0.4.2 + coreai-core 1.0.0b2 (measured) make the states plain inputs and outputs."""
+    from recurrent_coreai.stages.export import check_states_kept
+
+    def t(name):
+        return {"name": name, "shape": [1], "dtype": "float16"}
+
+    kept = {"main": {"inputs": [t("input_ids")], "outputs": [t("logits")], "states": [t("recState"), t("shiftState")]}}
+    check_states_kept(kept, ("recState", "shiftState"), "fp16")
+    io = {"main": {"inputs": [t("recState"), t("shiftState"), t("input_ids")], "outputs": [t("logits")], "states": []}}
+    with pytest.raises(PipelineError) as err:
+        check_states_kept(io, ("recState", "shiftState"), "fp16")
+    assert str(err.value).startswith(f"export fp16: coreai-torch {toolchain.versions()['coreai-torch']} (coreai-core ")
+    assert "made function 'main' hold states [], not ['recState', 'shiftState'] (recState, shiftState became plain " \
+           "inputs and outputs) -- fix: install a toolchain that keeps them Core AI states" in str(err.value)

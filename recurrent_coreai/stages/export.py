@@ -70,6 +70,22 @@ def fitting(weights, dtype: torch.dtype, recipe_name: str, where: Path):
                             "mis-converted checkpoint)")
 
 
+def check_states_kept(functions: dict, states: tuple[str, ...], recipe_name: str) -> None:
+    """Every function holds the model's states as Core AI states. coreai-torch 0.4.2 (with
+    coreai-core 1.0.0b2) makes them plain inputs and outputs instead: a bundle the runtime sessions
+    and the gate cannot run, whose record would look complete. One line, nothing written."""
+    for name, fn in functions.items():
+        held = {t["name"] for t in fn["states"]}
+        if held != set(states):
+            moved = sorted(set(states) & {t["name"] for t in fn["inputs"]} - held)
+            versions = toolchain.versions()
+            raise PipelineError(f"export {recipe_name}", f"coreai-torch {versions['coreai-torch']} (coreai-core "
+                                f"{versions['coreai-core']}) made function {name!r} hold states {sorted(held)}, not "
+                                f"{list(states)}" + (f" ({', '.join(moved)} became plain inputs and outputs)" if moved
+                                                     else ""), "install a toolchain that keeps them Core AI states "
+                                "(the pins: make setup); see docs/toolchain.md")
+
+
 def load_module(family, source_dir: Path, dtype: torch.dtype, q: dict | None,
                 recipe_name: str, geometry=None) -> tuple[torch.nn.Module, list[dict], object]:
     """The decode module read from ``source_dir`` one tensor at a time in ``dtype`` and, for a
@@ -124,6 +140,7 @@ def export_recipe(family, source_dir: Path, recipe_name: str, recipe: dict, bund
             raise PipelineError(f"export {recipe_name}", f"conversion failed ({type(exc).__name__}: {first})",
                                 "check the recipe; run with the pinned toolchain (make setup)") from None
         functions = converted["functions"]
+        check_states_kept(functions, states, recipe_name)
         check_quantized(functions, layers, recipe_name)
         decode = next(f for f in functions.values() if f["role"] == DECODE)
         files = tree_manifest(aimodel)
