@@ -148,7 +148,8 @@ def entries(out: Path, today: dt.date | None = None) -> dict | None:
     targets = {rel.split("/", 1)[0] for rel in files} - {"aimodel"}
     family = families.get(receipt["family"])
     device = set(receipt.get("tokenizer_files", []))
-    vocab = next((rel for rel in files if rel.rsplit("/", 1)[-1] in device), None)
+    # the device table beside a compiled bundle, as before the runner contract's tokenizer/ copies (issue 36)
+    vocab = next((rel for rel in files if rel.rsplit("/", 1)[-1] in device and "/tokenizer/" not in rel), None)
     existing = existing_artifact_id(owner, name)
     entry_id = existing or slug(name)
     try:
