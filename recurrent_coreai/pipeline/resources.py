@@ -126,6 +126,9 @@ def job_needs(rule: str, config: dict, wildcards: dict, params: int | None, atte
     and it asks for ``threads`` CPUs and memory for that many processes, each holding the bundle."""
     recipe = config["recipes"].get(wildcards.get("recipe"), {})
     steps = config["gate"]["steps"]
+    if rule == "reference":  # one model step per token of every stream: the prompts, prefill and text
+        text = cfgmod.text_settings(config["gate"], config["prefill"]["chunk"])
+        steps += cfgmod.prefill_length(config["prefill"]) + (text["tokens"] if text else 0)
     if rule == "gate_shard":
         lengths, tokens, chunk, text = gate_plan_shape(config, wildcards["model"], wildcards["recipe"])
         steps = math.ceil(shards.critical_cost(lengths, tokens, chunk, gate_shards(config, wildcards["model"],
