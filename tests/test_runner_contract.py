@@ -236,3 +236,43 @@ def test_the_aimodel_folder_is_refused_on_this_host(staged, capfd):
     folder = staged["out"] / "aimodel" / f"{MODEL}-fp32"
     code, out, err = run_cli(capfd, "--bundle", str(folder), PROMPT)
     assert (code, out) == (1, "") and "is not a universal lowering (.aimodelx)" in err and err.count("\n") == 1
+
+
+OTHER_KINDS = ("mamba2-tiny", "gdn-tiny", "rwkv6-tiny")  # hf-bpe, sp-bpe or bytes, world: what the build has
+
+
+@pytest.mark.parametrize("model", OTHER_KINDS)
+def test_a_folder_of_every_family_runs_from_its_contract(model, tmp_path, capfd):
+    """A universal bundle folder laid out as publish lays it out (runner_contract's own functions,
+    tokenizer/ from the vocab stage) for the other families and tokenizer kinds: --bundle reads
+    the tokenizer kind, its files and the functions from runner.json alone, and gives the text
+    --model/--recipe gives."""
+    import os
+
+    cfg = cfgmod.load(RESULTS.parent / "config.yaml")
+    if model not in cfgmod.models_to_build(cfg):
+        pytest.skip(f"{model} is not in this build")
+    m = cfgmod.model(cfg, model)
+    recipe, lay = m["recipes"][0], RESULTS / model
+    record = read_export(lay / "export" / recipe)
+    aot = lay / "aot" / TARGET / recipe
+    product = json.loads((aot / "aot.json").read_text())["product"]
+    folder = tmp_path / f"{model}-{recipe}"
+    shutil.copytree(aot / product, folder / product, copy_function=os.link)
+    vocab = read_vocab(lay / "vocab")
+    for name in vocab:
+        (folder / rc.TOKENIZER_DIR).mkdir(exist_ok=True)
+        shutil.copyfile(lay / "vocab" / name, folder / rc.TOKENIZER_DIR / name)
+    contract = rc.build(model, record, lay / "vocab", vocab, product, families.tokenizer_of(m), m["family"])
+    manifest = json.loads((lay / "source" / "manifest.json").read_text())
+    for name, text in rc.folder_texts(contract, rc.metadata(contract, manifest["source"], record["recipe_spec"],
+                                                            [TARGET])).items():
+        (folder / name).write_text(text)
+    args = ["--max-new-tokens", "10", "--no-chat", "The quick brown fox"]
+    code, by_folder, err = run_cli(capfd, "--bundle", str(folder), *args)
+    assert code == 0, err
+    code, by_model, err = run_cli(capfd, "--config-file", str(RESULTS.parent / "config.yaml"), "--model", model,
+                                  "--recipe", recipe, *args)
+    assert code == 0, err
+    assert by_folder == by_model and by_folder.strip(), (by_folder, by_model)
+    assert contract["tokenizer"]["kind"] == families.tokenizer_of(m)
