@@ -21,9 +21,11 @@ def raw(repo_root):
 
 
 def test_shipped_config_is_valid(cfg):
-    built = config.models_to_build(cfg)   # the offline default: one synthetic model per registered family
-    assert sorted(cfg["models"][m]["family"] for m in built) == sorted(families.available())
-    assert all(cfg["models"][m]["source"]["kind"] == "synthetic" for m in built)
+    built = config.models_to_build(cfg)   # the offline default: one synthetic model per registered family,
+    synthetic = [m for m in built if cfg["models"][m]["source"]["kind"] == "synthetic"]  # and a trained fixture
+    assert sorted(cfg["models"][m]["family"] for m in synthetic) == sorted(families.available())
+    assert [m for m in built if m not in synthetic] == ["rwkv7-trained"]
+    assert cfg["models"]["rwkv7-trained"]["source"] == {"kind": "path", "path": "fixtures/trained/rwkv7/model.pth"}
     goose = cfg["models"]["rwkv7-goose-1.5b"]
     assert goose["source"]["repo"] == "RWKV/RWKV7-Goose-World3-1.5B-HF"
     assert config.HEX40.match(goose["source"]["revision"])
@@ -167,7 +169,7 @@ def test_config_flag_overrides_reach_the_stages_through_one_effective_file(repo_
     assert proc.returncode == 0, proc.stderr[-2000:]
     cmds = _commands(proc)
     models = config.models_to_build(config.load(repo_root / "config.yaml"))
-    assert len(models) == len(families.available())
+    assert len(models) == len(families.available()) + 1  # and the trained RWKV-7 fixture
     assert cmds and all(any(f"{tmp_path}/elsewhere/{m}" in c for m in models) or "toolchain" in c for c in cmds)
     files = {c.split("--config-file ")[1].split()[0] for c in cmds}
     assert len(files) == 1 and next(iter(files)).startswith(".snakemake/rwkv7/config-")
