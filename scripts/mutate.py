@@ -65,7 +65,8 @@ TARGETS = (
             "tests/test_gate_text.py")),
     # the gate's thresholds as gate.py applies them: the epsilon in use, the reference's scale, the steps
     Target("gate_thresholds", "recurrent_coreai/stages/gate.py",
-           ("tests/test_gate_counted.py", "tests/test_gate_verdict.py", *GATE_WORKERS_FAST),
+           ("tests/test_gate_counted.py", "tests/test_gate_verdict.py", "tests/test_gate_thresholds_edges.py",
+            *GATE_WORKERS_FAST),
            ("checked_logit_scale", "with_epsilon", "gate_steps", "steps_fields", "next_token", "prompt_lengths")),
     # the shard plan the gather reads shards by (pipeline/shards.py)
     Target("shard_plan", "recurrent_coreai/pipeline/shards.py",
@@ -100,6 +101,13 @@ EQUIVALENT = (
      lambda old, new: new in _each_replaced(old, "np.float64", "None") | _each_replaced(old, ", np.float64)", ", )")),
     ("the first two of argsort's reversed tail are the top 2 for any vocabulary of 4 or more ids",
      lambda old, new: "[-2:][::-1]" in old and new in (old.replace("[-2:]", "[-3:]"), old.replace("[-2:]", "[+2:]"))),
+    ("the prompts' token counts are read through int(): a float zero is the same count",
+     lambda old, new: "np.zeros(n_prompts, np.int64)" in old
+     and new in (old.replace("np.int64", "None"), old.replace(", np.int64)", ", )"))),
+    ("gate.gate_steps raises the steps to the prompts' needs (gate_step_count), so prompt_budgets never refuses "
+     "there: the arguments naming the setting in its refusal are never read",
+     lambda old, new: old.startswith(("def gate_steps(", 'setting: str = "gate.steps")'))
+     or "prompt_budgets([int(n) for n in counts], used, config_file, setting)" in old),
     ("max() of an array holding NaN is NaN: the NaN branch gives what it would",
      lambda old, new: "float(\"nan\") if np.isnan(d).any() else float(d.max())" in old
      and new == old.replace("if np.isnan(d).any()", "if (np.isnan(d).any()) and False")),
