@@ -80,7 +80,7 @@ test-beta:
 	cd $(BETA_DIR) && $(PY) -m venv .venv && .venv/bin/pip install -q -r requirements-test.txt \
 	  && .venv/bin/pip install -q --no-deps -e .
 	cd $(BETA_DIR) && .venv/bin/python -c "import torch; assert torch.__version__.split('+')[0] == '2.13.0', torch.__version__"
-	cd $(BETA_DIR) && PATH=$(BETA_PATH) python -m recurrent_coreai.coreai.toolchain
+	cd $(BETA_DIR) && PATH=$(BETA_PATH) python -m recurrent_coreai.coreai.contract
 	cd $(BETA_DIR) && PATH=$(BETA_PATH) bash -c 'time snakemake --cores 1 --keep-going publish'
 	cd $(BETA_DIR) && PATH=$(BETA_PATH) python -m recurrent_coreai beta-watch --apply; test $$? -le 1
 

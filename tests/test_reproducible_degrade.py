@@ -96,15 +96,15 @@ def test_lowering_without_write_odix_keeps_coreai_s_serializer(monkeypatch, capl
 
 
 def test_memory_only_patch_missing_keeps_the_bundle_byte_reproducible(monkeypatch):
-    from recurrent_coreai.coreai import toolchain
+    from recurrent_coreai.coreai import contract
     import coreai_torch.converter as conv
 
     monkeypatch.delattr(conv, "get_target")
     with reproducible.collect_misses() as found, reproducible.constants_released():
         pass
     assert [m["bytes"] for m in found] == [False]
-    assert toolchain.degraded_fields(found)["byte_reproducible"] is True
-    assert toolchain.degraded_fields([]) == {}
+    assert contract.degraded_fields(found)["byte_reproducible"] is True
+    assert contract.degraded_fields([]) == {}
 
 
 def test_the_export_runs_and_its_record_says_it_is_not_byte_reproducible(monkeypatch, caplog, tiny_source, tmp_path,

@@ -1,4 +1,4 @@
-"""The toolchain contract (recurrent_coreai/coreai/toolchain.py, issue 38): one list of what the
+"""The toolchain contract (recurrent_coreai/coreai/tc.py, issue 38): one list of what the
 pipeline needs of coreai-core/-torch/-opt, checked live (beta-watch, in the new venv) or statically
 (the doctor stage); each miss one line saying what degrades."""
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from recurrent_coreai.coreai import toolchain
+from recurrent_coreai.coreai import contract as tc
+from recurrent_coreai.coreai.toolchain import versions
 from recurrent_coreai.coreai.reproducible import ASSUMPTIONS
 from recurrent_coreai.util.errors import PipelineError
 
@@ -20,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_contract_is_the_public_api_and_every_patched_internal():
-    needs = toolchain.contract()
-    assert needs[:len(toolchain.PUBLIC)] == list(toolchain.PUBLIC)
+    needs = tc.contract()
+    assert needs[:len(tc.PUBLIC)] == list(tc.PUBLIC)
     assert [n.text for n in needs if n.kind == "internal"] == [a.text for a in ASSUMPTIONS]
     assert {n.package for n in needs} == {"coreai-core", "coreai-torch", "coreai-opt"}
     assert all(n.degrades for n in needs)
@@ -29,12 +30,12 @@ def test_the_contract_is_the_public_api_and_every_patched_internal():
 
 @pytest.mark.parametrize("live", [True, False], ids=["live", "static"])
 def test_the_pinned_toolchain_holds_the_whole_contract(live):
-    assert toolchain.check(live=live) == []
+    assert tc.check(live=live) == []
 
 
 def test_docs_state_every_target_of_the_contract():
     text = (ROOT / "docs" / "toolchain.md").read_text()
-    missing = [n.target for n in toolchain.contract() if f"`{n.target}`" not in text]
+    missing = [n.target for n in tc.contract() if f"`{n.target}`" not in text]
     assert not missing, f"docs/toolchain.md does not name {missing}"
 
 
@@ -42,19 +43,19 @@ def test_a_live_miss_is_one_line_saying_what_degrades(monkeypatch):
     import coreai_opt
 
     monkeypatch.delattr(coreai_opt, "ExportBackend")
-    misses = toolchain.check(live=True)
+    misses = tc.check(live=True)
     assert [(m["target"], m["why"], m["kind"]) for m in misses] == [
         ("coreai_opt:ExportBackend.CoreAI", "no attribute coreai_opt.ExportBackend", "public")]
-    line = toolchain.miss_line(misses[0])
-    assert line == (f"toolchain contract: coreai-opt {toolchain.versions()['coreai-opt']}: no attribute "
-                    f"coreai_opt.ExportBackend -- degrades: {toolchain.QUANT_FAILS}")
+    line = tc.miss_line(misses[0])
+    assert line == (f"toolchain contract: coreai-opt {versions()['coreai-opt']}: no attribute "
+                    f"coreai_opt.ExportBackend -- degrades: {tc.QUANT_FAILS}")
 
 
 def test_a_changed_internal_is_a_live_miss(monkeypatch):
     import coreai.authoring.asset as asset
 
     monkeypatch.setattr(asset, "_CURRENT_BYTECODE_VERSION", 7)
-    misses = toolchain.check(live=True)
+    misses = tc.check(live=True)
     assert [m["target"] for m in misses] == ["coreai.authoring.asset:_CURRENT_BYTECODE_VERSION"]
     assert misses[0]["why"].startswith("changed: NOT TRUE ANY MORE:") and misses[0]["bytes"] is True
 
@@ -96,30 +97,30 @@ def fake_package(tmp_path, monkeypatch) -> str:
     ("{p}:nothing", "no attribute {p}.nothing"),
 ])
 def test_the_static_check_reads_files_and_imports_nothing(fake_package, target, why):
-    assert toolchain.static_missing(target.format(p=fake_package)) == (why and why.format(p=fake_package))
+    assert tc.static_missing(target.format(p=fake_package)) == (why and why.format(p=fake_package))
     assert fake_package not in sys.modules
 
 
 def test_the_command_prints_the_misses_as_json():
-    proc = subprocess.run([sys.executable, "-m", "recurrent_coreai.coreai.toolchain", "--static", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "recurrent_coreai.coreai.contract", "--static", "--json"],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
-    assert got["misses"] == [] and got["checked"] == len(toolchain.contract())
-    assert got["versions"]["coreai-core"] == toolchain.versions()["coreai-core"]
+    assert got["misses"] == [] and got["checked"] == len(tc.contract())
+    assert got["versions"]["coreai-core"] == versions()["coreai-core"]
 
 
 def test_doctor_warns_one_line_per_miss_and_records_them(monkeypatch, tmp_path, caplog):
     from recurrent_coreai.pipeline.records import read_doctor
     from recurrent_coreai.stages import doctor
 
-    gone = toolchain.Need("coreai.authoring.gone:Thing", "a test", "something degrades")
-    monkeypatch.setattr(toolchain, "PUBLIC", (*toolchain.PUBLIC, gone))
+    gone = tc.Need("coreai.authoring.gone:Thing", "a test", "something degrades")
+    monkeypatch.setattr(tc, "PUBLIC", (*tc.PUBLIC, gone))
     caplog.set_level(logging.WARNING)
     out = tmp_path / "x.doctor.json"
     doctor.doctor_bundle([], None, None, out)
     lines = [r.getMessage() for r in caplog.records if "toolchain contract" in r.getMessage()]
-    assert lines == [f"toolchain contract: coreai-core {toolchain.versions()['coreai-core']}: no module "
+    assert lines == [f"toolchain contract: coreai-core {versions()['coreai-core']}: no module "
                      "coreai.authoring.gone -- degrades: something degrades"]
     assert [m["target"] for m in read_doctor(out)["toolchain_contract"]] == ["coreai.authoring.gone:Thing"]
 
@@ -137,7 +138,7 @@ def test_beta_watch_checks_the_contract_in_the_new_venv(tmp_path, capsys):
 
     env = {"PATH": "/usr/bin:/bin"}
     assert check_contract(sys.executable, ROOT, env) == []
-    assert f"{len(toolchain.contract())}/{len(toolchain.contract())} hold" in capsys.readouterr().out
+    assert f"{len(tc.contract())}/{len(tc.contract())} hold" in capsys.readouterr().out
     broken = tmp_path / "python"
     broken.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named coreai' >&2\nexit 1\n")
     broken.chmod(0o755)
@@ -171,6 +172,6 @@ def test_an_export_whose_states_became_plain_inputs_is_refused_in_one_line():
     io = {"main": {"inputs": [t("recState"), t("shiftState"), t("input_ids")], "outputs": [t("logits")], "states": []}}
     with pytest.raises(PipelineError) as err:
         check_states_kept(io, ("recState", "shiftState"), "fp16")
-    assert str(err.value).startswith(f"export fp16: coreai-torch {toolchain.versions()['coreai-torch']} (coreai-core ")
+    assert str(err.value).startswith(f"export fp16: coreai-torch {versions()['coreai-torch']} (coreai-core ")
     assert "made function 'main' hold states [], not ['recState', 'shiftState'] (recState, shiftState became plain " \
            "inputs and outputs) -- fix: install a toolchain that keeps them Core AI states" in str(err.value)

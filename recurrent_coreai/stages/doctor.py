@@ -17,7 +17,7 @@ recipe (fp16, which quantises nothing; a head of 1000 x 128 in blocks of 32 alon
 the finding stays in the JSON with ``"applies": false`` and the reason in ``"not_applicable"``,
 and does not count towards the exit status.
 
-The toolchain contract (recurrent_coreai/coreai/toolchain.py: what the pipeline needs of
+The toolchain contract (recurrent_coreai/coreai/contract.py: what the pipeline needs of
 coreai-core/-torch/-opt) is checked against the installed packages, statically (their files read,
 nothing imported: importing coreai-opt alone costs seconds per job): each miss is one warning line
 saying what degrades, and the JSON gets ``toolchain_contract`` (only when something is missing).
@@ -32,7 +32,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from recurrent_coreai.coreai import toolchain
+from recurrent_coreai.coreai import contract
 from recurrent_coreai.pipeline import stage
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import write_text_atomic
@@ -166,9 +166,9 @@ def doctor_bundle(sources: list[Path], checkpoint: Path | None, export_dir: Path
     if checkpoint is not None and (Path(checkpoint) / "manifest.json").exists():
         read_manifest(Path(checkpoint))  # the source stage's bytes, as it recorded them
     result = lint(sources, checkpoint, bundle, record)
-    misses = toolchain.check(live=False)
+    misses = contract.check(live=False)
     for m in misses:
-        stage.log.warning("%s", toolchain.miss_line(m))
+        stage.log.warning("%s", contract.miss_line(m))
     if misses:
         result["toolchain_contract"] = misses
     for report in result["reports"]:

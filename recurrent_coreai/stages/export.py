@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from recurrent_coreai.checkpoints.reader import stream_checkpoint
-from recurrent_coreai.coreai import quantize, reproducible, toolchain
+from recurrent_coreai.coreai import contract, quantize, reproducible, toolchain
 from recurrent_coreai.coreai.convert import check_quantized, convert, map_large_allocations, trim_heap
 from recurrent_coreai.coreai.entrypoints import DECODE, by_role
 from recurrent_coreai.coreai.stateful import PREFILL_CHUNK  # the default; config.yaml's prefill.chunk is the setting
@@ -160,7 +160,7 @@ def export_recipe(family, source_dir: Path, recipe_name: str, recipe: dict, bund
             "size_bytes_decode_only": converted["size_bytes_decode_only"], "files": files,
             "toolchain": toolchain.versions(),
             # only on a toolchain the reproducible-build patches do not fit (docs/toolchain.md)
-            **toolchain.degraded_fields(misses),
+            **contract.degraded_fields(misses),
         }
         write_sealed(tmp / EXPORT, record, "export")  # sealed: see pipeline/records.py
     record["export_seconds"] = round(time.perf_counter() - t0, 2)

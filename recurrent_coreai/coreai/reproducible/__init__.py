@@ -27,7 +27,7 @@ coreai and fails with its text when an upgrade breaks one. On a coreai where one
 new beta), the patch is skipped, never the build: the scopes record the miss
 (:func:`collect_misses`; export.json says the bundle is not byte-reproducible and why) and warn in
 one line. The whole toolchain contract (these internals and the public API the pipeline calls) is
-stated in ``recurrent_coreai/coreai/toolchain.py``.
+stated in ``recurrent_coreai/coreai/contract.py``.
 """
 
 from __future__ import annotations

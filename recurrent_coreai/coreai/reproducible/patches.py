@@ -4,7 +4,7 @@
 * :data:`ASSUMPTIONS`: one :class:`Assumption` per fact about coreai's internals a patch relies
   on: its text, its check, the target that must exist (``module`` or ``module:Attr.path``), the
   patch it belongs to and what is lost without it. ``tests/test_reproducible.py`` runs every check
-  against the installed coreai; ``recurrent_coreai/coreai/toolchain.py`` states them in the
+  against the installed coreai; ``recurrent_coreai/coreai/contract.py`` states them in the
   toolchain contract beside the public API the pipeline calls.
 * Degrade, never die: a scope applies a patch only when every assumption of it holds
   (:func:`usable`); otherwise the build runs unpatched, the miss is recorded for whoever collects

@@ -1,4 +1,4 @@
-"""The toolchain contract (recurrent_coreai/coreai/toolchain.py) checked in the beta venv, with
+"""The toolchain contract (recurrent_coreai/coreai/contract.py) checked in the beta venv, with
 the new versions, before the rebuild: each miss is one line saying what degrades."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from pathlib import Path
 
 from recurrent_coreai.util.errors import PipelineError
 
-CHECK = "recurrent_coreai.coreai.toolchain"
+CHECK = "recurrent_coreai.coreai.contract"
 
 
 def check_contract(python: str, tree: Path, env: dict) -> list[dict]:
     """The misses of the contract with the new versions (``python``: the beta venv's), printed one
     line each. A check that cannot run at all is an error: the rebuild would fail the same way."""
-    from recurrent_coreai.coreai.toolchain import miss_line
+    from recurrent_coreai.coreai.contract import miss_line
 
     proc = subprocess.run([python, "-m", CHECK, "--json"], cwd=tree, env=env, capture_output=True, text=True)
     lines = proc.stdout.strip().splitlines()

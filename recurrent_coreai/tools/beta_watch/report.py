@@ -34,7 +34,7 @@ def comparable(old: dict, new: dict) -> bool:
 
 def degraded_lines(report: dict) -> list[str]:
     """The toolchain contract's misses in the new venv and the bundles built not byte-reproducibly."""
-    from recurrent_coreai.coreai.toolchain import miss_line
+    from recurrent_coreai.coreai.contract import miss_line
 
     misses = (report.get("contract") or {}).get("new") or []
     rows = [(r, side) for r in report["recipes"] for side in ("old", "new") if r[side].get("byte_reproducible") is False]
