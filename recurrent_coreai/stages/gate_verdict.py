@@ -55,10 +55,19 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum())
 
 
+def top_two(logits: np.ndarray) -> tuple[int, int]:
+    """The indices of the largest and the second largest logit, in linear time (an exact tie at
+    the top: the lower index first)."""
+    first = int(np.argmax(logits))
+    rest = logits.copy()
+    rest[first] = -np.inf
+    return first, int(np.argmax(rest))
+
+
 def compare(ref_logits: np.ndarray, eng_logits: np.ndarray, epsilon: float, next_token: int | None = None) -> dict:
     """Per-step comparison of two logit vectors (float64). ``next_token``: the stream's next token
     where known (its NLL under each side and Δp; NaN otherwise)."""
-    top2 = np.argsort(ref_logits)[-2:][::-1]
+    top2 = top_two(ref_logits)
     margin = float(ref_logits[top2[0]] - ref_logits[top2[1]])
     eng = int(np.argmax(eng_logits))
     with np.errstate(invalid="ignore", over="ignore"):
