@@ -31,7 +31,7 @@ def max_state_delta(a: dict, b: dict) -> float:
     return max(float(np.abs(a[n] - b[n]).max()) for n in STATE_NAMES)
 
 
-@pytest.mark.parametrize("block", [1, 2, 3, 5, 8, 13, None])
+@pytest.mark.parametrize("block", [2, 3, 5, 8, 13])
 def test_chunk_form_equals_the_recurrence_at_any_block_size_and_steep_decays(block):
     """scan.selective_scan against the plain recurrence (fp64), T = 13 (padding for most block
     sizes), with log-decays down to -2000 per token: every exponent is a masked sum <= 0, so
