@@ -17,8 +17,8 @@ The rules of families/rwkv7/export_graph.py, kept here:
   (:func:`~recurrent_coreai.coreai.layers.wide`), whatever the recipe dtype; the residual stream is
   kept in that wide dtype too (transformers' ``residual_in_fp32``);
 * the per-layer math is ONE function (:meth:`Block.step`) over T tokens; the selective scan is
-  :func:`.scan.selective_scan` (the recurrence itself for T = 1, blocks of the exact chunk form
-  beyond). The conv is :func:`~recurrent_coreai.coreai.layers.short_conv`: the window is the
+  :func:`.scan.selective_scan` (the recurrence itself for T = 1, the exact chunk form in levels of
+  blocks beyond). The conv is :func:`~recurrent_coreai.coreai.layers.short_conv`: the window is the
   state's last K−1 inputs followed by the chunk; the new state is the window's last K rows.
 """
 
@@ -36,8 +36,8 @@ from recurrent_coreai.families.mamba1 import scan
 from recurrent_coreai.families.mamba1.geometry import STATE_NAMES  # noqa: F401 - the buffers' names, for tests
 from recurrent_coreai.families.mamba1.geometry import Geometry, state_specs
 
-# The chunk form's exponents are all <= 0 (scan.py) and its intermediates are per block, so the
-# chunk length is bounded only by the graph's size; verified exact up to this length
+# The chunk form's exponents are all <= 0 (scan.py) and its largest intermediate holds T·2·I·N
+# values, so the chunk length is bounded only by memory; verified exact up to this length
 # (tests/families/test_mamba1_export.py).
 MAX_CHUNK = 256
 
