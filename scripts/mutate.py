@@ -73,7 +73,7 @@ TARGETS = (
            ("tests/test_gate_shards.py::test_every_step_is_in_exactly_one_shard_and_the_prefill_check_in_one",
             "tests/test_gate_shards.py::test_one_shard_is_the_unsharded_gate_in_its_order",
             "tests/test_gate_shards.py::test_a_prompt_is_cut_only_where_it_shortens_the_longest_shard",
-            "tests/test_gate_shard_args.py", "tests/test_gate_text.py"),
+            "tests/test_gate_shard_args.py", "tests/test_gate_text.py", "tests/test_gate_thresholds_edges.py"),
            ("plan",)),
     # the staging re-derivation: the vocab tables, the gate TSV's rows and the comparison of records
     Target("derivation", "recurrent_coreai/stages/derivation.py",

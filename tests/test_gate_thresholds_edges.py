@@ -59,3 +59,11 @@ def test_token_counts_of_other_prompts_are_refused_in_their_exact_line():
         gate.gate_steps(stream, 2, 4, PATH)
     assert str(exc.value) == ("stream.npz: records the token counts of 3 prompts, not of the gate's 2 -- fix: rerun "
                               "the reference stage (snakemake --forcerun reference)")
+
+
+def test_a_plan_of_no_shards_is_refused_with_its_reason():
+    from recurrent_coreai.pipeline import shards
+
+    with pytest.raises(ValueError) as exc:
+        shards.plan([3, 2], 10, 4, 0)
+    assert str(exc.value) == "shards must be at least 1"

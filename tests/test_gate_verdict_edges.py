@@ -158,3 +158,49 @@ def test_every_limit_on_a_statistic_nothing_scored_is_named():
     assert gv.quality_reasons(gv.quality([]), {"max_kld_mean": 1.0, "max_ppl_ratio": 2.0}) == [
         "max_kld_mean is set, but the gate scored no step for kld_mean",
         "max_ppl_ratio is set, but the gate scored no step for ppl_ratio"]
+
+
+# --- the text stream (horizon_table, drift_reasons, text_verdict) -----------------------------------
+def _text_rows(positions, kl=0.1, agree=True, near_tie=False):
+    return [row(p, kl=kl, agree=agree, near_tie=near_tie, pos=p) for p in positions]
+
+
+def test_a_horizon_scores_exactly_the_chunk_before_it_and_names_every_field():
+    rows = _text_rows(range(0, 9))            # positions 0..8; horizon 8, chunk 4: positions 4..7
+    rows[7]["kl"], rows[8]["kl"] = 0.5, 9.0   # position 8 is past the horizon: not in its chunk
+    states = {8: {"a": {"max_abs_dstate": 0.2, "max_rel_dstate": 0.01, "scale": 20.0},
+                  "b": {"max_abs_dstate": 0.1, "max_rel_dstate": 0.05, "scale": 2.0}}}
+    (h,) = gv.horizon_table(rows, states, [8], 4)
+    assert h == {"horizon": 8, "positions": 4, "kld_mean": pytest.approx((0.1 * 3 + 0.5) / 4), "kld_max": 0.5,
+                 "same_top1": 1.0, "state": "b", "max_rel_dstate": 0.05, "max_abs_dstate": 0.1,
+                 "states": states[8]}
+
+
+def test_a_horizon_with_nothing_scored_or_compared_has_none():
+    (h,) = gv.horizon_table([], {}, [8], 4)
+    assert h == {"horizon": 8, "positions": 0, "kld_mean": None, "kld_max": None, "same_top1": None, "state": None,
+                 "max_rel_dstate": None, "max_abs_dstate": None, "states": {}}
+
+
+def test_the_worst_state_at_a_horizon_is_nan_above_any_number():
+    states = {4: {"a": {"max_abs_dstate": 1.0, "max_rel_dstate": 0.9, "scale": 1.0},
+                  "n": {"max_abs_dstate": math.nan, "max_rel_dstate": math.nan, "scale": 1.0},
+                  "z": {"max_abs_dstate": 0.1, "max_rel_dstate": 0.1, "scale": 1.0}}}
+    (h,) = gv.horizon_table(_text_rows(range(4)), states, [4], 4)
+    assert h["state"] == "n" and math.isnan(h["max_rel_dstate"])
+
+
+def test_a_state_drift_equal_to_the_limit_passes():
+    table = [{"horizon": 8, "state": "s", "max_rel_dstate": 0.05}]
+    assert gv.drift_reasons(table, 0.05) == []
+    assert gv.drift_reasons(table, 0.04) == ["state s after 8 tokens of text differs from the reference's by 0.05 of "
+                                             "its largest magnitude > text_max_rel_dstate 0.04"]
+
+
+def test_the_text_streams_near_ties_are_counted_with_the_gates_other_rows():
+    """Every text row a near-tie: not a reason of the text verdict itself (counted_over=[]); the
+    gate counts them with its decode and prefill rows."""
+    rows = _text_rows(range(8), near_tie=True)
+    v = gv.text_verdict(rows, {8: {"s": {"max_abs_dstate": 0.0, "max_rel_dstate": 0.0, "scale": 1.0}}}, [8], 8,
+                        {"min_agree": 1.0, "min_counted": 0.8, "max_abs_dlogits": None, "text_max_rel_dstate": 0.1})
+    assert v["pass"] is True and v["reasons"] == [], v["reasons"]
