@@ -108,6 +108,10 @@ EQUIVALENT = (
      "there: the arguments naming the setting in its refusal are never read",
      lambda old, new: old.startswith(("def gate_steps(", 'setting: str = "gate.steps")'))
      or "prompt_budgets([int(n) for n in counts], used, config_file, setting)" in old),
+    ("a temporary directory's name is never read",
+     lambda old, new: "TemporaryDirectory(prefix=" in old or 'fresh_dir = Path(tmp) / "vocab"' in old),
+    ("the option key starts unset: None and '' are both false",
+     lambda old, new: old == "key = None" and new == 'key = ""'),
     ("max() of an array holding NaN is NaN: the NaN branch gives what it would",
      lambda old, new: "float(\"nan\") if np.isnan(d).any() else float(d.max())" in old
      and new == old.replace("if np.isnan(d).any()", "if (np.isnan(d).any()) and False")),

@@ -111,3 +111,21 @@ def test_dvc_record_checks_a_vocab_stage_against_its_source(cfg, tmp_path):
     write_vocab_record(vocab)
     with pytest.raises(PipelineError, match="spbpe_vocab.tsv: disagrees with"):
         derivation.check_stage(stage)
+
+
+def test_a_file_of_the_table_removed_and_resealed_is_named_missing(cfg, tmp_path):
+    source, vocab, settings = _baked(cfg, tmp_path, "sp-bpe")
+    (vocab / "tokenizer.json").unlink()
+    write_vocab_record(vocab)
+    with pytest.raises(PipelineError, match=r"tokenizer.json: disagrees with .*: is missing from the files the sp-bpe"):
+        derivation.check_vocab(vocab, "m", settings, source)
+
+
+def test_a_stage_command_is_read_as_dvc_yaml_writes_it():
+    """derivation.cmd_args: the script's stage name and its options (dashes as underscores), the
+    words before the script and a positional word before the first option left out."""
+    assert derivation.cmd_args("python scripts/vocab.py --config-file c.yaml --model m --source a b") == (
+        "vocab", {"config_file": ["c.yaml"], "model": ["m"], "source": ["a", "b"]})
+    assert derivation.cmd_args("env X=1 python scripts/gate.py pos --json-out j") == ("gate", {"json_out": ["j"]})
+    assert derivation.cmd_args("python tools/other.py --model m") == ("", {})
+    assert derivation.cmd_args("bash run.sh") == ("", {})
