@@ -5,6 +5,7 @@ rule aot:
     output:
         directory(str(OUT.aot("{target}", "{recipe}"))),
     params:
+        config_file=config_file("aot"),
         settings=settings("aot"),
         code=code("aot"),
     log:
@@ -15,6 +16,6 @@ rule aot:
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/aot.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/aot.py --config-file {params.config_file} --model {wildcards.model} "
         "--recipe {wildcards.recipe} --target {wildcards.target} --export {input.export} "
         "--out {output} --log {log}"

@@ -61,11 +61,27 @@ def code(rule):
     return digest
 
 
-# Every stage's command names CONFIG_FILE (``--config-file {CONFIG_FILE}``: a global of the shell
-# directive, not a param): which file holds the settings is no rerun trigger -- the settings a stage
-# reads are, by value (``settings`` below). As a param, the merged file's path made the next plain
-# run rerun every job of a --config/--configfile run, and a model moved from a --configfile
-# fragment into config.yaml with the same settings rerun all its jobs (issue 34, case 10).
+# config.yaml, validated, when this run's config is another (a --config/--configfile run), else None
+DEFAULT_CONFIG = None if CONFIG_FILE == cfgmod.DEFAULT_FILE else exit_on_error(lambda: cfgmod.load(cfgmod.DEFAULT_FILE))
+
+
+def config_file(stage):
+    """params: the config file the job's stage reads. config.yaml itself wherever it holds the same
+    settings for this job (and the same results:) as this run's config -- the stage reads nothing
+    else of it (pipeline/stage.py) -- so a --config/--configfile run changes no param of a job whose
+    settings it leaves alone: with the merged file's path, the next plain run reran every job."""
+
+    def path(w):
+        if DEFAULT_CONFIG is None or DEFAULT_CONFIG.get("results") != config["results"]:
+            return CONFIG_FILE
+        names = dict(w.items())
+        try:
+            same = cfgmod.settings(DEFAULT_CONFIG, stage, **names) == cfgmod.settings(config, stage, **names)
+        except PipelineError:  # a model, recipe or target config.yaml does not have
+            return CONFIG_FILE
+        return cfgmod.DEFAULT_FILE if same else CONFIG_FILE
+
+    return path
 
 
 def settings(stage):

@@ -12,6 +12,7 @@ rule doctor:
     output:
         str(doctor_json(OUT, "{recipe}")),
     params:
+        config_file=config_file("doctor"),
         settings=settings("doctor"),
         code=code("doctor"),
     log:
@@ -21,6 +22,6 @@ rule doctor:
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/doctor.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/doctor.py --config-file {params.config_file} --model {wildcards.model} "
         "--recipe {wildcards.recipe} --sources {input.sources} --checkpoint {input.checkpoint} "
         "--export {input.export} --out {output} --log {log}"

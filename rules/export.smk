@@ -5,6 +5,7 @@ rule export:
     output:
         directory(str(OUT.export("{recipe}"))),
     params:
+        config_file=config_file("export"),
         settings=settings("export"),
         code=code("export"),
     log:
@@ -14,5 +15,5 @@ rule export:
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/export.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/export.py --config-file {params.config_file} --model {wildcards.model} "
         "--recipe {wildcards.recipe} --source {input.source} --out {output} --log {log}"

@@ -10,6 +10,7 @@ rule gate_shard:
     output:
         str(OUT.gate_shard("{recipe}", "{shard}")),
     params:
+        config_file=config_file("gate_shard"),
         settings=settings("gate_shard"),
         code=code("gate_shard"),
         shards=gate_shard_count,
@@ -21,7 +22,7 @@ rule gate_shard:
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/gate_shard.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/gate_shard.py --config-file {params.config_file} --model {wildcards.model} "
         "--recipe {wildcards.recipe} --shard {wildcards.shard} --shards {params.shards} "
         "--export {input.export} --aot {input.aot} --reference {input.reference} --out {output} --log {log}"
 
@@ -40,6 +41,7 @@ rule gate:
         json=str(OUT.gate_json("{recipe}")),
         tsv=str(OUT.gate_tsv("{recipe}")),
     params:
+        config_file=config_file("gate"),
         settings=settings("gate"),
         code=code("gate"),
     log:
@@ -49,6 +51,6 @@ rule gate:
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/gate.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/gate.py --config-file {params.config_file} --model {wildcards.model} "
         "--recipe {wildcards.recipe} --export {input.export} --aot {input.aot} "
         "--reference {input.reference} --shards {input.shards} --json {output.json} --tsv {output.tsv} --log {log}"

@@ -6,6 +6,7 @@ rule stage_and_push:
     output:
         directory(str(OUT.publish)),
     params:
+        config_file=config_file("stage_and_push"),
         settings=settings("stage_and_push"),
         code=code("stage_and_push"),
     log:
@@ -13,7 +14,7 @@ rule stage_and_push:
     conda:
         "../envs/hub.yaml"
     shell:
-        "python scripts/publish.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/publish.py --config-file {params.config_file} --model {wildcards.model} "
         "--source {input.source} --card {input.card} --vocab {input.vocab} "
         "--toolchain {input.toolchain} --exports {input.exports} --gates {input.gates} "
         "--aots {input.aots} --tsvs {input.tsvs} --reference {input.reference} --doctors {input.doctors} "

@@ -7,6 +7,7 @@ rule reference:
     output:
         str(OUT.reference),
     params:
+        config_file=config_file("reference"),
         settings=settings("reference"),
         code=code("reference"),
     log:
@@ -16,5 +17,5 @@ rule reference:
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/reference.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/reference.py --config-file {params.config_file} --model {wildcards.model} "
         "--source {input.source} --vocab {input.vocab} --out {output} --log {log}"

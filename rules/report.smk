@@ -16,6 +16,7 @@ rule report:
     output:
         str(report_path(OUT)),
     params:
+        config_file=config_file("report"),
         settings=settings("report"),
         code=code("report"),
     log:
@@ -25,6 +26,6 @@ rule report:
     conda:
         "../envs/hub.yaml"
     shell:
-        "python scripts/report.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/report.py --config-file {params.config_file} --model {wildcards.model} "
         "--gates {input.gates} --tsvs {input.tsvs} --exports {input.exports} "
         "--doctors {input.doctors} --card {input.card} --out {output} --log {log}"

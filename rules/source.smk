@@ -7,6 +7,7 @@ rule toolchain:
     output:
         str(OUT.toolchain),
     params:
+        config_file=config_file("toolchain"),
         record=json.dumps(toolchain.record(), sort_keys=True),
         code=code("toolchain"),
     log:
@@ -16,7 +17,7 @@ rule toolchain:
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/toolchain.py --config-file {CONFIG_FILE} --out {output} --log {log}"
+        "python scripts/toolchain.py --config-file {params.config_file} --out {output} --log {log}"
 
 
 rule source:
@@ -25,6 +26,7 @@ rule source:
     output:
         directory(str(OUT.source)),
     params:
+        config_file=config_file("source"),
         settings=settings("source"),
         code=code("source"),
     log:
@@ -32,5 +34,5 @@ rule source:
     conda:
         "../envs/hub.yaml"
     shell:
-        "python scripts/source.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/source.py --config-file {params.config_file} --model {wildcards.model} "
         "--out {output} --log {log}"

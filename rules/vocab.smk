@@ -4,6 +4,7 @@ rule vocab:
     output:
         directory(str(OUT.vocab)),
     params:
+        config_file=config_file("vocab"),
         settings=settings("vocab"),
         code=code("vocab"),
     log:
@@ -13,5 +14,5 @@ rule vocab:
     conda:
         "../envs/hub.yaml"
     shell:
-        "python scripts/vocab.py --config-file {CONFIG_FILE} --model {wildcards.model} "
+        "python scripts/vocab.py --config-file {params.config_file} --model {wildcards.model} "
         "--source {input.source} --out {output} --log {log}"
