@@ -213,6 +213,7 @@ def test_gate_cli_exits_nonzero_and_writes_no_output(control, tmp_path, cfg, str
     conf = tmp_path / "config.yaml"
     raw = yaml.safe_load(open(os.path.join(os.path.dirname(__file__), "..", "config.yaml")))
     raw["gate"].update(prompts=PROMPTS, steps=STEPS)  # the stream's own
+    raw["gate"].pop("text")  # this short stream holds no text stream (tests/test_gate_text.py gates one)
     conf.write_text(yaml.safe_dump(raw, allow_unicode=True))
     rc = cli.gate(["--config-file", str(conf), "--model", "rwkv7-tiny", "--recipe", "fp32",
                    "--export", str(top / "export"), "--aot", str(top / "aot"), "--reference", str(stream_path),

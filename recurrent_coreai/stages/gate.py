@@ -353,6 +353,8 @@ def gather(plan: list[list[dict]], done: list[list], export_record: dict, settin
                 rows.extend(res)
     rows.sort(key=lambda r: r["step"])
     text = text_result(parts, horizons, settings["thresholds"]) if parts else None
+    if text is not None and settings.get("text"):
+        text["file"] = settings["text"]["file"]  # what the card names
     result = verdict(rows, settings["thresholds"], counted_over=rows + prefill["rows"] + (text["rows"] if text else []))
     reasons = (contract_problems(export_record) + result["reasons"] + [f"prefill: {r}" for r in prefill["reasons"]]
                + [f"text: {r}" for r in (text["reasons"] if text else [])])
@@ -582,8 +584,6 @@ def gate_bundle(model: str, recipe: str, export_dir: Path, aot_dir: Path, stream
                                     epsilon=inputs["epsilon"])
         runs = [ran]
     result["lowering_runs"] = runs
-    if result.get("text") is not None and settings.get("text"):
-        result["text"]["file"] = settings["text"]["file"]  # what the card names
     result.update(reference_steps=inputs["reference_steps"], reference_logit_scale=inputs["scale"],
                   **steps_fields(inputs["stream"], settings))
     result.update({**tested_fields(model, recipe, inputs), "toolchain": toolchain.versions(),

@@ -41,9 +41,25 @@ def worktree(repo: Path, dest: Path, keep: bool = False):
             subprocess.run(["git", "worktree", "prune"], cwd=repo, capture_output=True)
 
 
+def keep_file_times(repo: Path, tree: Path) -> None:
+    """The worktree's tracked files get the checkout's file times: a tracked file that is a rule's
+    input (a trained fixture's checkpoint, the gate's held-out text) is otherwise newer than the
+    baseline's outputs, and Snakemake would rerun its stage for a toolchain change. The content is
+    HEAD's in both (check_clean)."""
+    import os
+
+    for rel in filter(None, git(repo, "ls-files", "-z").split("\0")):
+        src, dst = repo / rel, tree / rel
+        if src.is_file() and not src.is_symlink() and dst.is_file() and not dst.is_symlink():
+            st = src.stat()
+            os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
 def seed(repo: Path, tree: Path, results: str) -> None:
     """The baseline the rebuild starts from: results (file times kept, so only what the new
-    toolchain invalidates reruns), Snakemake's provenance records, dvc.lock, and DVC's cache."""
+    toolchain invalidates reruns), the tracked files' times (:func:`keep_file_times`), Snakemake's
+    provenance records, dvc.lock, and DVC's cache."""
+    keep_file_times(repo, tree)
     shutil.copytree(repo / results, tree / results, symlinks=True)
     if (repo / ".snakemake" / "metadata").is_dir():
         shutil.copytree(repo / ".snakemake" / "metadata", tree / ".snakemake" / "metadata")
