@@ -13,9 +13,8 @@ inputs and compared with what is on disk:
 * an AOT output's ``aot.json``: what it was built from against ``export.json``;
 * the card: rendered again from the records it is made of (:func:`stages.card.card_text`);
 * the build report: rendered again likewise (:func:`stages.report.report_text`);
-* the vocab stage's output (``vocab.record.json`` and the device table of every tokenizer kind:
-  ``rwkv_vocab.tsv``, ``bpe_vocab.tsv``, ``spbpe_vocab.tsv``, ``bytes_vocab.tsv``, and the files
-  beside it): baked again by the model's tokenizer kind from the source's tokenizer file (World:
+* the vocab stage's output (``vocab.record.json``, the device table of every tokenizer kind and
+  the files beside it): baked again by the model's tokenizer kind from the source's tokenizer file (World:
   the pinned vocabulary) with the settings in force, and compared byte for byte
   (:func:`check_vocab`): a table with two ids swapped and its record sealed again is refused.
 
