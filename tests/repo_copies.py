@@ -191,10 +191,12 @@ def snapshot_results(repo: Path, dest: Path) -> Path:
 
 # --- trees derived from the snakemake build's snapshot ------------------------------------------------
 MODEL = "rwkv7-tiny"  # the default model: the one the tests that change a built tree work on
-# The model `dvc repro` builds from nothing in dvc_rebuilt_tree (tests/conftest.py ``dvc_repo``): the
-# cheapest to build (a 1024-token vocabulary: its exports and gates are the shortest). Every other
-# model's outputs there are the snakemake build's, compared with the committed dvc.lock's digests.
-DVC_REBUILDS = "mamba2-tiny"
+# The model `dvc repro` builds from nothing in dvc_rebuilt_tree (tests/conftest.py ``dvc_repo``): a
+# cheap one (a 1024-token vocabulary: its exports and gates are the shortest) that shares no stage's
+# outputs with another model -- DVC restores such a stage from its cache instead of running it
+# (mamba2-tiny's vocab is mamba1-tiny's: the same GPT-NeoX tokenizer). Every other model's outputs
+# there are the snakemake build's, compared with the committed dvc.lock's digests.
+DVC_REBUILDS = "gdn-tiny"
 RAN = re.compile(r"^Running stage '([^']+)':", re.M)
 
 
@@ -254,6 +256,11 @@ def _copy_cache_but(cache: Path, dest: Path, model: str, lock: Path) -> None:
         for out in stage.get("outs", []):
             (mine if of_model(name, model) else others).update(objects(out["md5"]))
     only_mine = mine - others
+    shared = sorted(name for name, stage in yaml.safe_load(lock.read_text())["stages"].items()
+                    if of_model(name, model) and stage.get("outs")
+                    and all(objects(out["md5"]) <= others for out in stage["outs"]))
+    assert not shared, (f"{model}'s stages {shared} record the same outputs as another model's: DVC would restore "
+                        f"them from its cache, not build them -- fix: set DVC_REBUILDS to a model that shares none")
 
     def skip(folder: str, names: list[str]) -> set[str]:
         return {n for n in names if Path(folder).name + n in only_mine}

@@ -54,7 +54,8 @@ def test_metrics_and_plots_and_params(repo_root):
 
 def _index_from(jobs, cfg):
     return {dag.stage_name(j): {"cmd": j["cmd"],
-                                "deps": sorted(set(j["deps"] + dag.code_files(j["rule"], dag.family_of(j, cfg)))),
+                                "deps": sorted(set(j["deps"] + dag.code_files(j["rule"], dag.family_of(j, cfg),
+                                                                         dag.tokenizer_of(j, cfg)))),
                                 "outs": sorted(j["outs"])} for j in jobs if j["cmd"]}
 
 
