@@ -45,7 +45,8 @@ class Mamba1Family(base.Family):
         "values) decays by exp(Δ·A) with A = -exp(A_log) one rate per state entry, and accumulates Δ·u·B, read out "
         "by C, plus a D skip, gated by silu(z). No attention and no KV cache: the bundle carries two fixed-size "
         "states, the conv window (convState) and the SSM state (ssmState), whatever the context length.")
-    export_sources = ("recurrent_coreai/families/mamba1/export_modules.py", "recurrent_coreai/families/mamba1/scan.py")
+    export_sources = ("recurrent_coreai/families/mamba1/export_modules.py", "recurrent_coreai/families/mamba1/scan.py",
+                      "recurrent_coreai/families/ssm.py")
 
     # --- geometry ------------------------------------------------------------------------
     def geometry_from_shape(self, shape: Mapping, where: str | Path) -> Geometry:

@@ -8,6 +8,10 @@ Prefill (:class:`Mamba1Prefill`): ``input_ids`` [1,T] (T static), logits of the 
 built over the decode module's own submodules and buffers (same parameter names: weights stored
 once; a quantised decode gives a quantised prefill).
 
+The outer loop (embedding, the blocks, one write per state, final norm and head: :func:`recurrent_coreai.families.ssm.run`),
+the norms' and conv's parameter holders and the backbone are families/ssm.py's, shared with the other
+Mamba family; the mixer and its :meth:`Block.step` are this family's.
+
 The rules of families/rwkv7/export_graph.py, kept here:
 * each layer returns its new state slices; each state gets ONE write per call, at the end
   (``buffer.copy_(torch.stack(...))``);
@@ -31,10 +35,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from recurrent_coreai.coreai import stateful
-from recurrent_coreai.coreai.layers import linear, short_conv, wide
+from recurrent_coreai.coreai.layers import linear, short_conv
+from recurrent_coreai.families import ssm
 from recurrent_coreai.families.mamba1 import scan
 from recurrent_coreai.families.mamba1.geometry import STATE_NAMES  # noqa: F401 - the buffers' names, for tests
 from recurrent_coreai.families.mamba1.geometry import Geometry, state_specs
+from recurrent_coreai.families.ssm import rms, stable_log1p_exp
 
 # The chunk form's exponents are all <= 0 (scan.py) and its largest intermediate holds T·2·I·N
 # values, so the chunk length is bounded only by memory; verified exact up to this length
@@ -42,37 +48,11 @@ from recurrent_coreai.families.mamba1.geometry import Geometry, state_specs
 MAX_CHUNK = 256
 
 
-def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-
-
-def stable_log1p_exp(x: torch.Tensor) -> torch.Tensor:
-    """log(1 + e^x) (Δ's activation), written so that no intermediate overflows (max(x, 0) + log1p(e^-|x|)):
-    the library op's decomposition forms e^x first, which overflows fp16 on a device delegate."""
-    return torch.clamp(x, min=0) + torch.log1p(torch.exp(-torch.abs(x)))
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, width: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(width))
-
-
-class Conv(nn.Module):
-    """The depthwise causal conv's parameters (conv1d.weight [I,1,K], conv1d.bias); not an
-    nn.Conv1d, so no quantiser takes it for a layer to quantise."""
-
-    def __init__(self, width: int, kernel: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(width, 1, kernel))
-        self.bias = nn.Parameter(torch.zeros(width))
-
-
 class Mixer(nn.Module):
     def __init__(self, g: Geometry):
         super().__init__()
         self.in_proj = nn.Linear(g.hidden, 2 * g.intermediate, bias=False)
-        self.conv1d = Conv(g.intermediate, g.conv_kernel)
+        self.conv1d = ssm.conv_params(g.intermediate, g.conv_kernel)
         self.x_proj = nn.Linear(g.intermediate, g.x_proj_width, bias=False)
         self.dt_proj = nn.Linear(g.dt_rank, g.intermediate, bias=True)
         self.A_log = nn.Parameter(torch.zeros(g.intermediate, g.d_state))
@@ -84,7 +64,7 @@ class Block(nn.Module):
     def __init__(self, g: Geometry):
         super().__init__()
         self.g = g
-        self.norm = RMSNorm(g.hidden)
+        self.norm = ssm.norm_params(g.hidden)
         self.mixer = Mixer(g)
 
     def step(self, x: torch.Tensor, conv_prev: torch.Tensor, S: torch.Tensor):
@@ -94,7 +74,7 @@ class Block(nn.Module):
         g, m = self.g, self.mixer
         I, N, R = g.intermediate, g.d_state, g.dt_rank
         dtype, wd = S.dtype, x.dtype      # the recipe's dtype (states are held in it) and the wide one
-        h = (_rms(x, g.norm_eps) * self.norm.weight.to(wd)).to(dtype)
+        h = (rms(x, g.norm_eps) * self.norm.weight.to(wd)).to(dtype)
         uz = linear(m.in_proj, h)                                               # [T, 2I]
         u, z = uz[:, :I], uz[:, I:]
         conv, conv_new = short_conv(conv_prev, u, m.conv1d.weight, m.conv1d.bias, wd)  # conv_new: the last K inputs
@@ -102,7 +82,7 @@ class Block(nn.Module):
         dbc = linear(m.x_proj, u.to(dtype)).to(wd)                              # [T, R+2N]
         d, B, C = dbc[:, :R], dbc[:, R:R + N], dbc[:, R + N:]
         if g.falcon:
-            d, B, C = _rms(d, g.mixer_eps), _rms(B, g.mixer_eps), _rms(C, g.mixer_eps)
+            d, B, C = rms(d, g.mixer_eps), rms(B, g.mixer_eps), rms(C, g.mixer_eps)
         dt = stable_log1p_exp(linear(m.dt_proj, d.to(dtype)).to(wd))             # [T,I]
         A = -torch.exp(m.A_log.to(wd))                                          # [I,N]
         y, S_new = scan.selective_scan(dt, A, u, B, C, S.to(wd))
@@ -111,42 +91,16 @@ class Block(nn.Module):
         return x, conv_new.to(conv_prev.dtype), S_new.to(S.dtype)
 
 
-class Backbone(nn.Module):
-    def __init__(self, g: Geometry):
-        super().__init__()
-        self.embeddings = nn.Embedding(g.vocab, g.hidden)
-        self.layers = nn.ModuleList(Block(g) for _ in range(g.layers))
-        self.norm_f = RMSNorm(g.hidden)
-
-
-def run(m: nn.Module, input_ids: torch.Tensor, T: int) -> torch.Tensor:
-    """Logits [1,1,V] of the last of T tokens; each state written ONCE, at the end."""
-    g = m.g
-    dtype = m.ssmState.dtype
-    wd = wide(dtype)
-    x = m.backbone.embeddings(input_ids.reshape(T).to(torch.int64)).to(wd)       # [T,C]
-    convs, ssms = [], []
-    for i, block in enumerate(m.backbone.layers):
-        x, conv, S = block.step(x, m.convState[i, 0], m.ssmState[i, 0])
-        convs.append(conv.unsqueeze(0))
-        ssms.append(S.unsqueeze(0))
-    m.convState.copy_(torch.stack(convs))
-    m.ssmState.copy_(torch.stack(ssms))
-    last = x if T == 1 else x[-1:]
-    h = (_rms(last, g.norm_eps) * m.backbone.norm_f.weight.to(wd)).to(dtype)
-    return linear(m.lm_head, h).reshape(1, 1, g.vocab)
-
-
 class Mamba1Decode(stateful.Decode):
     """The decode entry point: one token in, logits out, both states updated once."""
 
     def __init__(self, g: Geometry, dtype: torch.dtype = torch.float32):
-        super().__init__(g, dtype, {"backbone": Backbone(g), "lm_head": nn.Linear(g.hidden, g.vocab, bias=False)},
-                         state_specs(g))
+        super().__init__(g, dtype, {"backbone": ssm.backbone(g, Block),
+                                    "lm_head": nn.Linear(g.hidden, g.vocab, bias=False)}, state_specs(g))
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         del position_ids  # Mamba has no positions; kept as an input for engine parity
-        return run(self, input_ids, 1)
+        return ssm.run(self, input_ids, 1)
 
 
 class Mamba1Prefill(stateful.Prefill):
@@ -157,7 +111,7 @@ class Mamba1Prefill(stateful.Prefill):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         del position_ids
-        return run(self, input_ids, self.chunk)
+        return ssm.run(self, input_ids, self.chunk)
 
 
 def build_prefill(decode: Mamba1Decode, chunk: int = stateful.PREFILL_CHUNK) -> Mamba1Prefill:

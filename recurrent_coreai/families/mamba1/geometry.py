@@ -22,12 +22,12 @@ instead of RMSNorm, another activation) is a one-line error naming the key.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping
 
-from recurrent_coreai.families import base
-from recurrent_coreai.families.hparams import REQUIRED, HParams, json_type
+from recurrent_coreai.families import base, ssm
+from recurrent_coreai.families.hparams import REQUIRED, HParams
 from recurrent_coreai.util.errors import PipelineError
 
 MAMBA, FALCON = "mamba", "falcon_mamba"   # the transformers model_type of each variant
@@ -74,42 +74,12 @@ class Geometry(base.Geometry):
         return asdict(self)
 
     def check(self, where: str | Path = "config") -> "Geometry":
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in ("tie_embeddings", "falcon"):
-                if not isinstance(value, bool):
-                    raise PipelineError(where, f"{f.name} must be true or false, got {value!r}", "fix the model shape")
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-                raise PipelineError(where, f"{f.name} must be positive, got {value!r}", "fix the model shape")
-            if f.type in ("int", int) and not isinstance(value, int):
-                raise PipelineError(where, f"{f.name} must be an integer, got {value!r}", "fix the model shape")
+        ssm.check_fields(self, where, ("tie_embeddings", "falcon"))
         return self
 
 
 def geometry_from_shape(shape: Mapping, where: str | Path) -> Geometry:
-    if not isinstance(shape, Mapping):
-        raise PipelineError(where, f"source.shape is a {json_type(shape)}, not a mapping",
-                            f"give the keys {', '.join(SHAPE_KEYS)}")
-    unknown = sorted(set(shape) - set(SHAPE_KEYS))
-    if unknown:
-        raise PipelineError(where, f"unknown Mamba-1 shape key {unknown[0]!r}", f"use only {', '.join(SHAPE_KEYS)}")
-    values = {}
-    for key, (typ, default) in SHAPE_KEYS.items():
-        if key not in shape:
-            if default is REQUIRED:
-                raise PipelineError(where, f"Mamba-1 shape key {key!r} is missing",
-                                    f"give {', '.join(k for k, (_, d) in SHAPE_KEYS.items() if d is REQUIRED)}")
-            values[key] = default
-            continue
-        v = shape[key]
-        ok = (isinstance(v, bool) if typ is bool else
-              (isinstance(v, int) and not isinstance(v, bool)) if typ is int else
-              (isinstance(v, (int, float)) and not isinstance(v, bool)))
-        if not ok:
-            raise PipelineError(where, f"shape key {key} must be {'a boolean' if typ is bool else 'an integer' if typ is int else 'a number'}, "
-                                f"got {v!r}", f"fix source.shape.{key}")
-        values[key] = float(v) if typ is float else v
+    values = ssm.shape_values(shape, SHAPE_KEYS, "Mamba-1", where)
     expand = values.pop("expand")
     if not (isinstance(expand, int) and expand > 0):
         raise PipelineError(where, f"expand must be positive, got {expand!r}", "fix source.shape.expand")
@@ -141,9 +111,7 @@ def geometry_from_hf_config(cfg: Mapping, where: str | Path) -> Geometry:
     falcon = cfg.get("model_type") == FALCON
     r = HParams(cfg, where, "use the config.json of a transformers MambaForCausalLM or FalconMambaForCausalLM "
                 "checkpoint", "Mamba-1", PORT_FIX)
-    r.require("use_bias", lambda v: v is False, False, "use_bias false (no in_proj/out_proj bias)")
-    r.require("use_conv_bias", lambda v: v is True, True, "use_conv_bias true")
-    r.require("hidden_act", lambda v: v in ("silu", "swish"), "silu", 'hidden_act "silu"')
+    ssm.require_plain_hf_mixer(r)
     hidden = r.whole("hidden_size")
     if r.has("intermediate_size"):
         intermediate = r.whole("intermediate_size")
@@ -159,9 +127,6 @@ def geometry_from_hf_config(cfg: Mapping, where: str | Path) -> Geometry:
     ).check(where)
 
 
-MAMBA_SSM_KEYS = {"d_model", "d_intermediate", "n_layer", "vocab_size", "ssm_cfg", "attn_layer_idx", "attn_cfg",
-                  "rms_norm", "residual_in_fp32", "fused_add_norm", "pad_vocab_size_multiple", "tie_embeddings",
-                  "norm_epsilon"}
 # Mamba(...) keyword arguments; the ones that only shape the init or the CUDA path are ignored
 SSM_CFG_KEYS = {"layer", "d_state", "d_conv", "expand", "dt_rank", "dt_min", "dt_max", "dt_init", "dt_scale",
                 "dt_init_floor", "conv_bias", "bias", "use_fast_path"}
@@ -169,10 +134,7 @@ SSM_CFG_KEYS = {"layer", "d_state", "d_conv", "expand", "dt_rank", "dt_min", "dt
 
 def geometry_from_mamba_ssm_config(cfg: Mapping, where: str | Path) -> Geometry:
     r = HParams(cfg, where, "use the config.json of a state-spaces/mamba-* checkpoint", "Mamba-1", PORT_FIX)
-    r.only(MAMBA_SSM_KEYS, "mamba_ssm config key")
-    r.require("d_intermediate", lambda v: v == 0, 0, "d_intermediate 0 (no MLP)")
-    r.require("attn_layer_idx", lambda v: v == [], [], "attn_layer_idx [] (no attention layers)")
-    r.require("rms_norm", lambda v: v is True, True, "rms_norm true")
+    ssm.require_plain_mamba_ssm(r)
     r.require("tie_embeddings", lambda v: v is True, True, "tie_embeddings true (MambaLMHeadModel ties the head)")
     r.require("norm_epsilon", lambda v: v == 1e-5, 1e-5, "norm_epsilon 1e-5 (MixerModel's)")
     s = r.section("ssm_cfg")
@@ -181,9 +143,7 @@ def geometry_from_mamba_ssm_config(cfg: Mapping, where: str | Path) -> Geometry:
     s.require("bias", lambda v: v is False, False, "bias false")
     s.require("conv_bias", lambda v: v is True, True, "conv_bias true")
     hidden = r.whole("d_model")
-    vocab = r.whole("vocab_size")
-    multiple = r.whole("pad_vocab_size_multiple", default=8)  # MambaConfig's default
-    vocab += (-vocab) % multiple                              # MambaLMHeadModel pads the table
+    vocab = ssm.mamba_ssm_vocab(r)
     return Geometry(
         layers=r.whole("n_layer"), hidden=hidden, d_state=s.whole("d_state", default=16), vocab=vocab,
         intermediate=s.whole("expand", default=2) * hidden,
@@ -248,37 +208,19 @@ def mamba_ssm_config(g: Geometry) -> dict:
     }
 
 
-STATE_NAMES = ("convState", "ssmState")  # the buffers every function reads and writes once
+STATE_NAMES = ssm.STATE_NAMES  # the buffers every function reads and writes once
 
 
 def state_specs(g: Geometry) -> list[base.StateSpec]:
     """The bundle's states, in registration order: the decode module (export_modules) builds its
     buffers from these."""
-    conv, ssm = STATE_NAMES
-    return [
-        base.StateSpec(conv, (g.layers, 1, g.intermediate, g.conv_kernel),
-                       "per layer: the last conv_kernel inputs of the depthwise conv (the x half of in_proj), newest last"),
-        base.StateSpec(ssm, (g.layers, 1, g.intermediate, g.d_state),
-                       "per layer and channel: the SSM state, intermediate x d_state"),
-    ]
+    return ssm.state_specs(g, g.intermediate, "per layer: the last conv_kernel inputs of the depthwise conv "
+                           "(the x half of in_proj), newest last", (g.intermediate, g.d_state),
+                           "per layer and channel: the SSM state, intermediate x d_state")
 
 
 def normal_shapes(g: Geometry) -> dict[str, tuple[int, ...]]:
     """The normal form (transformers names, lm_head always present), in file order."""
-    C, I, N, R = g.hidden, g.intermediate, g.d_state, g.dt_rank
-    shapes: dict[str, tuple[int, ...]] = {"backbone.embeddings.weight": (g.vocab, C)}
-    for i in range(g.layers):
-        p = f"backbone.layers.{i}."
-        shapes[p + "norm.weight"] = (C,)
-        shapes[p + "mixer.in_proj.weight"] = (2 * I, C)
-        shapes[p + "mixer.conv1d.weight"] = (I, 1, g.conv_kernel)
-        shapes[p + "mixer.conv1d.bias"] = (I,)
-        shapes[p + "mixer.x_proj.weight"] = (g.x_proj_width, I)
-        shapes[p + "mixer.dt_proj.weight"] = (I, R)
-        shapes[p + "mixer.dt_proj.bias"] = (I,)
-        shapes[p + "mixer.A_log"] = (I, N)
-        shapes[p + "mixer.D"] = (I,)
-        shapes[p + "mixer.out_proj.weight"] = (C, I)
-    shapes["backbone.norm_f.weight"] = (C,)
-    shapes["lm_head.weight"] = (g.vocab, C)
-    return shapes
+    I, N, R = g.intermediate, g.d_state, g.dt_rank
+    return ssm.normal_shapes(g, 2 * I, I, {"x_proj.weight": (g.x_proj_width, I), "dt_proj.weight": (I, R),
+                                           "dt_proj.bias": (I,), "A_log": (I, N), "D": (I,)})

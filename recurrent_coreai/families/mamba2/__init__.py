@@ -42,7 +42,8 @@ class Mamba2Family(base.Family):
         "exp(dt*A) and accumulates dt*x*Bᵀ, read out by C, plus a D skip, gated by silu(z) and RMS-normalised "
         "per group. No attention and no KV cache: the bundle carries two fixed-size states, the conv window "
         "(convState) and the SSM state (ssmState), whatever the context length.")
-    export_sources = ("recurrent_coreai/families/mamba2/export_modules.py", "recurrent_coreai/families/mamba2/ssd.py")
+    export_sources = ("recurrent_coreai/families/mamba2/export_modules.py", "recurrent_coreai/families/mamba2/ssd.py",
+                      "recurrent_coreai/families/ssm.py")
 
     # --- geometry ------------------------------------------------------------------------
     def geometry_from_shape(self, shape: Mapping, where: str | Path) -> Geometry:

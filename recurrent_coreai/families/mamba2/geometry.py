@@ -20,12 +20,12 @@ dt clamp, norm before gate, per-channel D ...) is a one-line error naming the ke
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping
 
-from recurrent_coreai.families import base
-from recurrent_coreai.families.hparams import REQUIRED, HParams, json_float, json_type
+from recurrent_coreai.families import base, ssm
+from recurrent_coreai.families.hparams import REQUIRED, HParams, json_float
 from recurrent_coreai.util.errors import PipelineError
 
 # config.yaml source.shape keys -> (type, default or REQUIRED)
@@ -69,16 +69,7 @@ class Geometry(base.Geometry):
         return asdict(self)
 
     def check(self, where: str | Path = "config") -> "Geometry":
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "tie_embeddings":
-                if not isinstance(value, bool):
-                    raise PipelineError(where, f"tie_embeddings must be true or false, got {value!r}", "fix the model shape")
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-                raise PipelineError(where, f"{f.name} must be positive, got {value!r}", "fix the model shape")
-            if f.type in ("int", int) and not isinstance(value, int):
-                raise PipelineError(where, f"{f.name} must be an integer, got {value!r}", "fix the model shape")
+        ssm.check_fields(self, where)
         if self.intermediate % self.headdim:
             raise PipelineError(where, f"expand*hidden = {self.intermediate} is not a multiple of headdim {self.headdim}",
                                 "choose hidden, expand and headdim with expand*hidden divisible by headdim")
@@ -89,28 +80,7 @@ class Geometry(base.Geometry):
 
 
 def geometry_from_shape(shape: Mapping, where: str | Path) -> Geometry:
-    if not isinstance(shape, Mapping):
-        raise PipelineError(where, f"source.shape is a {json_type(shape)}, not a mapping",
-                            f"give the keys {', '.join(SHAPE_KEYS)}")
-    unknown = sorted(set(shape) - set(SHAPE_KEYS))
-    if unknown:
-        raise PipelineError(where, f"unknown Mamba-2 shape key {unknown[0]!r}", f"use only {', '.join(SHAPE_KEYS)}")
-    values = {}
-    for key, (typ, default) in SHAPE_KEYS.items():
-        if key not in shape:
-            if default is REQUIRED:
-                raise PipelineError(where, f"Mamba-2 shape key {key!r} is missing",
-                                    f"give {', '.join(k for k, (_, d) in SHAPE_KEYS.items() if d is REQUIRED)}")
-            values[key] = default
-            continue
-        v = shape[key]
-        ok = (isinstance(v, bool) if typ is bool else
-              (isinstance(v, int) and not isinstance(v, bool)) if typ is int else
-              (isinstance(v, (int, float)) and not isinstance(v, bool)))
-        if not ok:
-            raise PipelineError(where, f"shape key {key} must be {'a boolean' if typ is bool else 'an integer' if typ is int else 'a number'}, "
-                                f"got {v!r}", f"fix source.shape.{key}")
-        values[key] = float(v) if typ is float else v
+    values = ssm.shape_values(shape, SHAPE_KEYS, "Mamba-2", where)
     return Geometry(**values).check(where)
 
 
@@ -131,9 +101,7 @@ def _check_heads(g: Geometry, heads: int, key: str, where: str | Path) -> None:
 
 def geometry_from_hf_config(cfg: Mapping, where: str | Path) -> Geometry:
     r = HParams(cfg, where, "use the config.json of a transformers Mamba2ForCausalLM checkpoint", "Mamba-2", PORT_FIX)
-    r.require("use_bias", lambda v: v is False, False, "use_bias false (no in_proj/out_proj bias)")
-    r.require("use_conv_bias", lambda v: v is True, True, "use_conv_bias true")
-    r.require("hidden_act", lambda v: v in ("silu", "swish"), "silu", 'hidden_act "silu"')
+    ssm.require_plain_hf_mixer(r)
     r.require("time_step_limit", _no_dt_clamp, [0.0, math.inf], "time_step_limit [0, Infinity] (no dt clamp)")
     g = Geometry(
         layers=r.whole("num_hidden_layers"), hidden=r.whole("hidden_size"), d_state=r.whole("state_size"),
@@ -147,9 +115,6 @@ def geometry_from_hf_config(cfg: Mapping, where: str | Path) -> Geometry:
     return g
 
 
-MAMBA_SSM_KEYS = {"d_model", "d_intermediate", "n_layer", "vocab_size", "ssm_cfg", "attn_layer_idx", "attn_cfg",
-                  "rms_norm", "residual_in_fp32", "fused_add_norm", "pad_vocab_size_multiple", "tie_embeddings",
-                  "norm_epsilon"}
 # Mamba2(...) keyword arguments; the ones that only shape the init or the CUDA path are ignored
 SSM_CFG_KEYS = {"layer", "d_state", "d_conv", "expand", "headdim", "ngroups", "d_ssm", "conv_init", "A_init_range",
                 "D_has_hdim", "rmsnorm", "norm_before_gate", "dt_min", "dt_max", "dt_init_floor", "dt_limit", "bias",
@@ -158,10 +123,7 @@ SSM_CFG_KEYS = {"layer", "d_state", "d_conv", "expand", "headdim", "ngroups", "d
 
 def geometry_from_mamba_ssm_config(cfg: Mapping, where: str | Path) -> Geometry:
     r = HParams(cfg, where, "use the config.json of a state-spaces/mamba2-* checkpoint", "Mamba-2", PORT_FIX)
-    r.only(MAMBA_SSM_KEYS, "mamba_ssm config key")
-    r.require("d_intermediate", lambda v: v == 0, 0, "d_intermediate 0 (no MLP)")
-    r.require("attn_layer_idx", lambda v: v == [], [], "attn_layer_idx [] (no attention layers)")
-    r.require("rms_norm", lambda v: v is True, True, "rms_norm true")
+    ssm.require_plain_mamba_ssm(r)
     r.require("norm_epsilon", lambda v: v == 1e-5, 1e-5, "norm_epsilon 1e-5 (the gated norm's eps is fixed at 1e-5)")
     s = r.section("ssm_cfg")
     s.only(SSM_CFG_KEYS)
@@ -173,9 +135,7 @@ def geometry_from_mamba_ssm_config(cfg: Mapping, where: str | Path) -> Geometry:
     s.require("dt_limit", _no_dt_clamp, [0.0, math.inf], "dt_limit [0, Infinity] (no dt clamp)")
     s.require("bias", lambda v: v is False, False, "bias false")
     s.require("conv_bias", lambda v: v is True, True, "conv_bias true")
-    vocab = r.whole("vocab_size")
-    multiple = r.whole("pad_vocab_size_multiple", default=8)  # MambaConfig's default
-    vocab += (-vocab) % multiple                              # MambaLMHeadModel pads the table
+    vocab = ssm.mamba_ssm_vocab(r)
     return Geometry(
         layers=r.whole("n_layer"), hidden=r.whole("d_model"), d_state=s.whole("d_state", default=128),
         headdim=s.whole("headdim", default=64), vocab=vocab, n_groups=s.whole("ngroups", default=1),
@@ -235,36 +195,19 @@ def mamba_ssm_config(g: Geometry) -> dict:
     }
 
 
-STATE_NAMES = ("convState", "ssmState")  # the buffers every function reads and writes once
+STATE_NAMES = ssm.STATE_NAMES  # the buffers every function reads and writes once
 
 
 def state_specs(g: Geometry) -> list[base.StateSpec]:
     """The bundle's states, in registration order: the decode module (export_modules) builds its
     buffers from these."""
-    conv, ssm = STATE_NAMES
-    return [
-        base.StateSpec(conv, (g.layers, 1, g.conv_dim, g.conv_kernel),
-                       "per layer: the last conv_kernel inputs of the depthwise conv (x|B|C channels), newest last"),
-        base.StateSpec(ssm, (g.layers, 1, g.heads, g.headdim, g.d_state),
-                       "per layer and head: the SSM state, headdim x d_state"),
-    ]
+    return ssm.state_specs(g, g.conv_dim, "per layer: the last conv_kernel inputs of the depthwise conv "
+                           "(x|B|C channels), newest last", (g.heads, g.headdim, g.d_state),
+                           "per layer and head: the SSM state, headdim x d_state")
 
 
 def normal_shapes(g: Geometry) -> dict[str, tuple[int, ...]]:
     """The normal form (transformers names, lm_head always present), in file order."""
-    C, I, H = g.hidden, g.intermediate, g.heads
-    shapes: dict[str, tuple[int, ...]] = {"backbone.embeddings.weight": (g.vocab, C)}
-    for i in range(g.layers):
-        p = f"backbone.layers.{i}."
-        shapes[p + "norm.weight"] = (C,)
-        shapes[p + "mixer.in_proj.weight"] = (g.in_proj_width, C)
-        shapes[p + "mixer.conv1d.weight"] = (g.conv_dim, 1, g.conv_kernel)
-        shapes[p + "mixer.conv1d.bias"] = (g.conv_dim,)
-        shapes[p + "mixer.dt_bias"] = (H,)
-        shapes[p + "mixer.A_log"] = (H,)
-        shapes[p + "mixer.D"] = (H,)
-        shapes[p + "mixer.norm.weight"] = (I,)
-        shapes[p + "mixer.out_proj.weight"] = (C, I)
-    shapes["backbone.norm_f.weight"] = (C,)
-    shapes["lm_head.weight"] = (g.vocab, C)
-    return shapes
+    H = g.heads
+    return ssm.normal_shapes(g, g.in_proj_width, g.conv_dim,
+                             {"dt_bias": (H,), "A_log": (H,), "D": (H,), "norm.weight": (g.intermediate,)})

@@ -17,19 +17,16 @@ Per layer, token x (residual stream, kept in the reference dtype — HF keeps it
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from recurrent_coreai.families import base
+from recurrent_coreai.families import ssm
+from recurrent_coreai.families.ssm import rms_norm
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-
-class Reference(base.Reference):
-    """Over the normal-form weights as given (the checkpoint reader checked them)."""
+class Reference(ssm.Reference):
+    """Over the normal-form weights as given (the checkpoint reader checked them); the outer loop
+    (embedding, layers, head) and the bundle's state layout are families/ssm.py's."""
 
     def zero_state(self) -> dict[str, torch.Tensor]:
         g = self.g
@@ -58,13 +55,3 @@ class Reference(base.Reference):
         y = y.reshape(I) * F.silu(z)
         y = rms_norm(y.reshape(G, I // G), 1.0, g.norm_eps).reshape(I) * w[p + "mixer.norm.weight"]
         return x + w[p + "mixer.out_proj.weight"] @ y
-
-    def step(self, token: int, state: dict) -> torch.Tensor:
-        x = self.w["backbone.embeddings.weight"][int(token)]
-        for i in range(self.g.layers):
-            x = self.layer(i, x, state)
-        return self.w["lm_head.weight"] @ rms_norm(x, self.w["backbone.norm_f.weight"], self.g.norm_eps)
-
-    def bundle_states(self, state: dict) -> dict[str, np.ndarray]:
-        return {"convState": state["conv"].unsqueeze(1).float().numpy().copy(),
-                "ssmState": state["ssm"].unsqueeze(1).float().numpy().copy()}
