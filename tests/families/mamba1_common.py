@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ssm_common import decode_steps, prefill_with, tokens  # noqa: F401 - the family tests import these from here
 from recurrent_coreai.families import get
 
 FAMILY = get("mamba1")
@@ -28,21 +29,5 @@ def weights(geom, seed: int = 0) -> dict[str, torch.Tensor]:
     return dict(FAMILY.synthetic_tensors(geom, seed))
 
 
-def tokens(n: int, vocab: int, seed: int = 1) -> list[int]:
-    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def decode_steps(dec, toks) -> torch.Tensor:
-    """Logits [T, V] of the decode module fed one token at a time (its states persist)."""
-    out = []
-    with torch.no_grad():
-        for t in toks:
-            out.append(dec(torch.tensor([[t]], dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32))[0, 0])
-    return torch.stack(out)
-
-
 def prefill(dec, toks) -> torch.Tensor:
-    T = len(toks)
-    pre = FAMILY.build_prefill(dec, T)
-    with torch.no_grad():
-        return pre(torch.tensor([toks], dtype=torch.int32), torch.arange(T, dtype=torch.int32).reshape(1, T))[0, 0]
+    return prefill_with(FAMILY.build_prefill, dec, toks)

@@ -4,11 +4,11 @@ in the torch.export graphs."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from mamba1_common import FAMILY, SHAPES, decode_steps, geometry, prefill, tokens, weights
+from ssm_common import max_state_delta, states
 from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, by_role
 from recurrent_coreai.families.mamba1.export_modules import MAX_CHUNK, STATE_NAMES
 
@@ -21,37 +21,6 @@ def model(request):
     g = geometry(request.param)
     sd = weights(g, seed=5)
     return request.param, g, sd, FAMILY.build_decode(sd, g, torch.float32)
-
-
-def states(dec) -> dict[str, np.ndarray]:
-    return {n: getattr(dec, n).detach().numpy().copy() for n in STATE_NAMES}
-
-
-def max_state_delta(a: dict, b: dict) -> float:
-    return max(float(np.abs(a[n] - b[n]).max()) for n in STATE_NAMES)
-
-
-@pytest.mark.parametrize("block", [2, 3, 5, 8, 13])
-def test_chunk_form_equals_the_recurrence_at_any_block_size_and_steep_decays(block):
-    """scan.selective_scan against the plain recurrence (fp64), T = 13 (padding for most block
-    sizes), with log-decays down to -2000 per token: every exponent is a masked sum <= 0, so
-    nothing overflows where e^{-c_s} alone would."""
-    from recurrent_coreai.families.mamba1 import scan
-
-    g = torch.Generator().manual_seed(3)
-    T, I, N = 13, 6, 5
-    dt = torch.exp(torch.rand(T, I, generator=g, dtype=torch.float64) * 8 - 6)       # 2.5e-3 .. 7.4
-    A = -torch.exp(torch.rand(I, N, generator=g, dtype=torch.float64) * 6)           # -1 .. -403
-    u, B, C = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((T, I), (T, N), (T, N)))
-    S0 = torch.randn(I, N, generator=g, dtype=torch.float64)
-    S, want = S0.clone(), []
-    for t in range(T):
-        S = torch.exp(dt[t, :, None] * A) * S + (dt[t] * u[t])[:, None] * B[t][None, :]
-        want.append(S @ C[t])
-    y, S_T = scan.selective_scan(dt, A, u, B, C, S0, block=block)
-    assert float((dt[:, :, None] * A).min()) < -2000
-    assert torch.isfinite(y).all() and torch.isfinite(S_T).all()
-    assert float((y - torch.stack(want)).abs().max()) < 1e-12 and float((S_T - S).abs().max()) < 1e-12
 
 
 def test_decode_matches_reference(model):

@@ -3,11 +3,11 @@ form) against decode steps, and one write per state per call in the torch.export
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from mamba2_common import FAMILY, SHAPES, decode_steps, geometry, prefill, tokens, weights
+from ssm_common import max_state_delta, states
 from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, by_role
 from recurrent_coreai.families.mamba2.export_modules import MAX_CHUNK, STATE_NAMES
 
@@ -20,14 +20,6 @@ def model(request):
     g = geometry(request.param)
     sd = weights(g, seed=5)
     return request.param, g, sd, FAMILY.build_decode(sd, g, torch.float32)
-
-
-def states(dec) -> dict[str, np.ndarray]:
-    return {n: getattr(dec, n).detach().numpy().copy() for n in STATE_NAMES}
-
-
-def max_state_delta(a: dict, b: dict) -> float:
-    return max(float(np.abs(a[n] - b[n]).max()) for n in STATE_NAMES)
 
 
 def test_decode_matches_reference(model):

@@ -10,15 +10,14 @@ ours: conv [1, conv_dim, K] newest last, ssm [1, H, P, N]).
 
 from __future__ import annotations
 
-import inspect
 import logging
-import types
 
 import numpy as np
 import pytest
 import torch
 
 from mamba2_common import FAMILY, SHAPES, geometry, tokens, weights
+from ssm_common import broken_reference, deltas, hf_run
 from recurrent_coreai.families.mamba2 import layouts, reference
 
 N_TOKENS = 64
@@ -42,39 +41,8 @@ def case(request, tmp_path_factory):
     assert layout == "mamba-ssm" and g2 == g
     model = Mamba2ForCausalLM.from_pretrained(root / "hf", dtype=torch.float32).eval()
     toks = tokens(N_TOKENS, g.vocab)
-    ids = torch.tensor([toks])
-    with torch.no_grad():
-        full = model(ids, use_cache=True)
-        cache, logits_step = None, []
-        for t in toks:
-            o = model(torch.tensor([[t]]), cache=cache, use_cache=True)
-            cache = o.cache
-            logits_step.append(o.logits[0, -1])
-
-    def states(c):
-        return {"convState": torch.stack([c.get_conv_state(i) for i in range(g.layers)]).numpy(),
-                "ssmState": torch.stack([c.get_recurrent_state(i) for i in range(g.layers)]).numpy()}
-
-    hf = {"full": full.logits[0], "step": torch.stack(logits_step), "states_full": states(full.cache),
-          "states_step": states(cache)}
+    hf = hf_run(model, toks, g.layers)
     return request.param, g, normal, toks, hf
-
-
-def _max_abs(a, b) -> float:
-    """max |a - b|; inf when either holds a NaN or inf (a diverged copy must count as far off)."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.abs(a - b).max()) if np.isfinite(a).all() and np.isfinite(b).all() else float("inf")
-
-
-def deltas(ref, toks, hf) -> dict[str, float]:
-    logits, state = ref.run(toks)
-    got = ref.bundle_states(state)
-    out = {"logits_full": _max_abs(logits, hf["full"]), "logits_step": _max_abs(logits, hf["step"])}
-    for kind in ("full", "step"):
-        for name in ("convState", "ssmState"):
-            assert got[name].shape == hf[f"states_{kind}"][name].shape
-            out[f"{name}_{kind}"] = _max_abs(got[name], hf[f"states_{kind}"][name])
-    return out
 
 
 def test_reference_matches_transformers(case):
@@ -109,19 +77,11 @@ BREAKS = [
 ]
 
 
-def broken_reference(old: str, new: str):
-    src = inspect.getsource(reference)
-    assert src.count(old) == 1, f"the reference changed: {old!r} occurs {src.count(old)} times"
-    mod = types.ModuleType("broken_mamba2_reference")
-    exec(compile(src.replace(old, new), "broken_mamba2_reference", "exec"), mod.__dict__)
-    return mod.Reference
-
-
 @pytest.mark.parametrize("what,old,new", BREAKS, ids=[b[0] for b in BREAKS])
 def test_broken_reference_fails(case, what, old, new):
     name, g, normal, toks, hf = case
     if what.startswith("group") and g.n_groups == 1:
         pytest.skip("one group: nothing to interleave")
-    d = deltas(broken_reference(old, new)(normal, g), toks, hf)
+    d = deltas(broken_reference(reference, old, new)(normal, g), toks, hf)
     print(f"\n{what}, shape {name}: {d}")
     assert max(d.values()) > BROKEN_MIN, (what, d)
