@@ -7,17 +7,17 @@ rule card:
     output:
         str(OUT.card),
     params:
-        config_file=config_file("card"),
         settings=settings("card"),
         code=code("card"),
     log:
         str(OUT.log("card")),
     resources:
+        config_file=CONFIG_FILE,
         **sizing.for_rule("card", config),
     conda:
         "../envs/hub.yaml"
     shell:
-        "python scripts/card.py --config-file {params.config_file} --model {wildcards.model} "
+        "python scripts/card.py --config-file {resources.config_file} --model {wildcards.model} "
         "--source {input.source} --vocab {input.vocab} --toolchain {input.toolchain} "
         "--exports {input.exports} --gates {input.gates} --curated {input.curated} "
         "--out {output} --log {log}"

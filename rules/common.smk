@@ -61,27 +61,12 @@ def code(rule):
     return digest
 
 
-# config.yaml, validated, when this run's config is another (a --config/--configfile run), else None
-DEFAULT_CONFIG = None if CONFIG_FILE == cfgmod.DEFAULT_FILE else exit_on_error(lambda: cfgmod.load(cfgmod.DEFAULT_FILE))
-
-
-def config_file(stage):
-    """params: the config file the job's stage reads. config.yaml itself wherever it holds the same
-    settings for this job (and the same results:) as this run's config -- the stage reads nothing
-    else of it (pipeline/stage.py) -- so a --config/--configfile run changes no param of a job whose
-    settings it leaves alone: with the merged file's path, the next plain run reran every job."""
-
-    def path(w):
-        if DEFAULT_CONFIG is None or DEFAULT_CONFIG.get("results") != config["results"]:
-            return CONFIG_FILE
-        names = dict(w.items())
-        try:
-            same = cfgmod.settings(DEFAULT_CONFIG, stage, **names) == cfgmod.settings(config, stage, **names)
-        except PipelineError:  # a model, recipe or target config.yaml does not have
-            return CONFIG_FILE
-        return cfgmod.DEFAULT_FILE if same else CONFIG_FILE
-
-    return path
+# Every stage's command reads ``--config-file {resources.config_file}``: CONFIG_FILE, config.yaml
+# itself or the merged file of a --config/--configfile run. A resource, not a param: which file
+# holds the settings is no rerun trigger (Snakemake compares params, not resources) -- the settings
+# a stage reads are, by value (``settings`` below). As a param, a model moved from a --configfile
+# fragment into config.yaml with the same settings reran all its jobs (issue 34, case 10).
+# (A global named in the shell directive did the same, but `snakemake --lint` refuses it.)
 
 
 def settings(stage):

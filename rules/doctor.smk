@@ -12,16 +12,16 @@ rule doctor:
     output:
         str(doctor_json(OUT, "{recipe}")),
     params:
-        config_file=config_file("doctor"),
         settings=settings("doctor"),
         code=code("doctor"),
     log:
         str(OUT.log("doctor-{recipe}")),
     resources:
+        config_file=CONFIG_FILE,
         **sizing.for_rule("doctor", config),
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/doctor.py --config-file {params.config_file} --model {wildcards.model} "
+        "python scripts/doctor.py --config-file {resources.config_file} --model {wildcards.model} "
         "--recipe {wildcards.recipe} --sources {input.sources} --checkpoint {input.checkpoint} "
         "--export {input.export} --out {output} --log {log}"

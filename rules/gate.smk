@@ -10,7 +10,6 @@ rule gate_shard:
     output:
         str(OUT.gate_shard("{recipe}", "{shard}")),
     params:
-        config_file=config_file("gate_shard"),
         settings=settings("gate_shard"),
         code=code("gate_shard"),
         shards=gate_shard_count,
@@ -18,11 +17,12 @@ rule gate_shard:
         str(OUT.log("gate-{recipe}-shard-{shard}")),
     threads: sizing.shard_threads(config)  # the gate's processes when it is one shard, else 1
     resources:
+        config_file=CONFIG_FILE,
         **sizing.for_rule("gate_shard", config, "export"),
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/gate_shard.py --config-file {params.config_file} --model {wildcards.model} "
+        "python scripts/gate_shard.py --config-file {resources.config_file} --model {wildcards.model} "
         "--recipe {wildcards.recipe} --shard {wildcards.shard} --shards {params.shards} "
         "--export {input.export} --aot {input.aot} --reference {input.reference} --out {output} --log {log}"
 
@@ -41,16 +41,16 @@ rule gate:
         json=str(OUT.gate_json("{recipe}")),
         tsv=str(OUT.gate_tsv("{recipe}")),
     params:
-        config_file=config_file("gate"),
         settings=settings("gate"),
         code=code("gate"),
     log:
         str(OUT.log("gate-{recipe}")),
     resources:
+        config_file=CONFIG_FILE,
         **sizing.for_rule("gate", config),
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/gate.py --config-file {params.config_file} --model {wildcards.model} "
+        "python scripts/gate.py --config-file {resources.config_file} --model {wildcards.model} "
         "--recipe {wildcards.recipe} --export {input.export} --aot {input.aot} "
         "--reference {input.reference} --shards {input.shards} --json {output.json} --tsv {output.tsv} --log {log}"

@@ -6,15 +6,16 @@ rule stage_and_push:
     output:
         directory(str(OUT.publish)),
     params:
-        config_file=config_file("stage_and_push"),
         settings=settings("stage_and_push"),
         code=code("stage_and_push"),
     log:
         str(OUT.log("publish")),
+    resources:
+        config_file=CONFIG_FILE,
     conda:
         "../envs/hub.yaml"
     shell:
-        "python scripts/publish.py --config-file {params.config_file} --model {wildcards.model} "
+        "python scripts/publish.py --config-file {resources.config_file} --model {wildcards.model} "
         "--source {input.source} --card {input.card} --vocab {input.vocab} "
         "--toolchain {input.toolchain} --exports {input.exports} --gates {input.gates} "
         "--aots {input.aots} --tsvs {input.tsvs} --reference {input.reference} --doctors {input.doctors} "

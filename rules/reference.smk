@@ -7,15 +7,15 @@ rule reference:
     output:
         str(OUT.reference),
     params:
-        config_file=config_file("reference"),
         settings=settings("reference"),
         code=code("reference"),
     log:
         str(OUT.log("reference")),
     resources:
+        config_file=CONFIG_FILE,
         **sizing.for_rule("reference", config, "source"),
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/reference.py --config-file {params.config_file} --model {wildcards.model} "
+        "python scripts/reference.py --config-file {resources.config_file} --model {wildcards.model} "
         "--source {input.source} --vocab {input.vocab} --out {output} --log {log}"

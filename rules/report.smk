@@ -16,16 +16,16 @@ rule report:
     output:
         str(report_path(OUT)),
     params:
-        config_file=config_file("report"),
         settings=settings("report"),
         code=code("report"),
     log:
         str(OUT.log("report")),
     resources:
+        config_file=CONFIG_FILE,
         **sizing.for_rule("report", config),
     conda:
         "../envs/hub.yaml"
     shell:
-        "python scripts/report.py --config-file {params.config_file} --model {wildcards.model} "
+        "python scripts/report.py --config-file {resources.config_file} --model {wildcards.model} "
         "--gates {input.gates} --tsvs {input.tsvs} --exports {input.exports} "
         "--doctors {input.doctors} --card {input.card} --out {output} --log {log}"

@@ -7,17 +7,17 @@ rule toolchain:
     output:
         str(OUT.toolchain),
     params:
-        config_file=config_file("toolchain"),
         record=json.dumps(toolchain.record(), sort_keys=True),
         code=code("toolchain"),
     log:
         f"{RES}/logs/toolchain.log",
     resources:
+        config_file=CONFIG_FILE,
         **sizing.for_rule("toolchain", config),
     conda:
         "../envs/coreai.yaml"
     shell:
-        "python scripts/toolchain.py --config-file {params.config_file} --out {output} --log {log}"
+        "python scripts/toolchain.py --config-file {resources.config_file} --out {output} --log {log}"
 
 
 rule source:
@@ -26,13 +26,14 @@ rule source:
     output:
         directory(str(OUT.source)),
     params:
-        config_file=config_file("source"),
         settings=settings("source"),
         code=code("source"),
     log:
         str(OUT.log("source")),
+    resources:
+        config_file=CONFIG_FILE,
     conda:
         "../envs/hub.yaml"
     shell:
-        "python scripts/source.py --config-file {params.config_file} --model {wildcards.model} "
+        "python scripts/source.py --config-file {resources.config_file} --model {wildcards.model} "
         "--out {output} --log {log}"

@@ -119,6 +119,20 @@ def next_token(stream: dict, step: int) -> int | None:
 
 
 
+def reference_states(stream: dict, prefix: str, k: int) -> dict[str, np.ndarray]:
+    """The reference's states stored under ``prefix`` (``prefill_state_``, ``text_state_``) at
+    their ``k``-th recorded position, by state name (the ``<prefix>pos`` index excluded)."""
+    return {name[len(prefix):]: arr[k] for name, arr in stream.items()
+            if name.startswith(prefix) and name != f"{prefix}pos"}
+
+
+def state_comparison(sess, ref: dict[str, np.ndarray]) -> tuple[dict, dict, dict]:
+    """The session's states against ``ref``: per state max|Δ|, that over the state's own largest
+    reference magnitude, and that magnitude."""
+    diffs, scales = state_diffs(sess.state_arrays(), ref), state_scales(ref)
+    return diffs, relative_diffs(diffs, scales), scales
+
+
 def prefill_check(sess: PromptSession, stream: dict, thresholds: dict, eps: float) -> dict:
     """The reference's continuous prefill stream through prefill (full chunks) and decode (the
     tail) from zero states; logits compared where the bundle reports them, states after each
@@ -138,11 +152,8 @@ def prefill_check(sess: PromptSession, stream: dict, thresholds: dict, eps: floa
         row.update(compare(stream["prefill_logits"][logit_at[pos]].astype(np.float64), eng, eps))
         row["max_abs_dstate"] = row["max_rel_dstate"] = None
         if pos + 1 in state_at:
-            ref = {name[len("prefill_state_"):]: arr[state_at[pos + 1]] for name, arr in stream.items()
-                   if name.startswith("prefill_state_") and name != "prefill_state_pos"}
-            scales = state_scales(ref)
-            row["max_abs_dstate"] = state_diffs(sess.state_arrays(), ref)
-            row["max_rel_dstate"] = relative_diffs(row["max_abs_dstate"], scales)
+            row["max_abs_dstate"], row["max_rel_dstate"], scales = state_comparison(
+                sess, reference_states(stream, "prefill_state_", state_at[pos + 1]))
             found.extend((row["max_rel_dstate"][n], d, scales[n], n, pos + 1) for n, d in row["max_abs_dstate"].items())
         rows.append(row)
 
@@ -202,11 +213,9 @@ def text_check(sess: PromptSession, stream: dict, eps: float, idx: list[int] | N
                 record(sess.function, pos, sess.step(tokens[pos]))
         if stop in mine:
             k = horizons.index(stop)
-            ref = {name[len("text_state_"):]: arr[k] for name, arr in stream.items() if name.startswith("text_state_")}
-            diffs, scales = state_diffs(sess.state_arrays(), ref), state_scales(ref)
-            rel = relative_diffs(diffs, scales)
+            diffs, rel, scales = state_comparison(sess, reference_states(stream, "text_state_", k))
             states[str(stop)] = {n: {"max_abs_dstate": diffs[n], "max_rel_dstate": rel[n], "scale": scales[n]}
-                                 for n in ref}
+                                 for n in diffs}
     return {"rows": rows, "states": states, "tokens": len(tokens), "chunk": T, "function": sess.prefill_function,
             "decode_function": sess.function}
 
