@@ -3,7 +3,7 @@ its dequantisation evaluated once, trusted only after it agrees bit for bit with
 lowering, and the aot stage's lowering run instead whenever it does not.
 
 * :func:`dequantise` against a per-element loop of ``scale * (q - offset1) + offset2``;
-* on the shared build's rwkv7-tiny int8keepproj bundle: the folded lowering is used, every gated
+* on the shared build's rwkv7-trained int8keepproj bundle: the folded lowering is used, every gated
   row equals the aot stage's lowering's (the runtime's own dequantisation is the independent
   side), the scratch lowering is gone afterwards, and the build's gate JSON and card say so;
 * a folded lowering that differs in one bit, or a fold that fails, is not used, and the record
@@ -24,7 +24,7 @@ from recurrent_coreai.pipeline import config
 from recurrent_coreai.pipeline.paths import Layout
 from recurrent_coreai.stages import gate, gate_lowering
 
-MODEL = "rwkv7-tiny"
+MODEL = "rwkv7-trained"  # rwkv7 int8keepproj; its 256-id head makes a runtime call ~7x cheaper than rwkv7-tiny's 65536
 
 
 def test_dequantise_is_the_blockwise_formula_rounded_once():
