@@ -33,8 +33,10 @@ from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parents[1]
 # A shorter gate for the trees a test builds on its own (the SLURM run's, a few fault tests): 2
-# prompts, 40 steps (config.yaml ships 127). The shared build and its derived trees use config.yaml's.
-SHORT_GATE = {"prompts": ["Hello, who are you?", "What is 17 times 23?"], "steps": 40}
+# prompts, 40 steps (config.yaml ships 127), a 256-token text stream with two horizons (config.yaml:
+# 2048, four). The shared build and its derived trees use config.yaml's.
+SHORT_GATE = {"prompts": ["Hello, who are you?", "What is 17 times 23?"], "steps": 40,
+              "text": {"file": "fixtures/text/heldout.txt", "tokens": 256, "horizons": [128, 256]}}
 GIT_DATES = {"GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
 
 
@@ -190,7 +192,7 @@ def snapshot_results(repo: Path, dest: Path) -> Path:
 
 
 # --- trees derived from the snakemake build's snapshot ------------------------------------------------
-MODEL = "rwkv7-tiny"  # the default model: the one the tests that change a built tree work on
+MODEL = "rwkv7-trained"  # the model the tests that change a built tree work on: rwkv7, and a 256-id head (its gates ~7x cheaper than rwkv7-tiny's)
 # The model `dvc repro` builds from nothing in dvc_rebuilt_tree (tests/conftest.py ``dvc_repo``): a
 # cheap one (a 1024-token vocabulary: its exports and gates are the shortest) that shares no stage's
 # outputs with another model -- DVC restores such a stage from its cache instead of running it

@@ -242,7 +242,7 @@ def _degrade(tree: Path) -> None:
                                              text_max_rel_dstate=None)  # fp16 over 2048 tokens: ~0.003
     conf = tree / "worse.yaml"
     conf.write_text(yaml.safe_dump(cfg))
-    lay, base = Layout(tree / "results", "rwkv7-tiny"), ["--config-file", str(conf), "--model", "rwkv7-tiny",
+    lay, base = Layout(tree / "results", BW_MODEL), ["--config-file", str(conf), "--model", BW_MODEL,
                                                          "--recipe", RECIPE]
     exp, aot = lay.export(RECIPE), lay.aot("universal", RECIPE)
     assert cli.export([*base, "--source", str(lay.source), "--out", str(exp)]) == 0
@@ -252,6 +252,7 @@ def _degrade(tree: Path) -> None:
 
 
 RECIPE = "fp32"  # the cheapest rebuild in the Linux runtime
+BW_MODEL = "rwkv7-trained"  # rwkv7 with a 256-id head: its gate ~7x cheaper than rwkv7-tiny's
 
 
 @pytest.mark.slow
@@ -262,9 +263,11 @@ def test_apply_rebuilds_exactly_the_toolchain_stages_and_reports(index, tiny_res
     t0 = time.perf_counter()
     # the baseline: a clone whose results/ is the shared tiny tree (same gate settings), building
     # one recipe (the rebuild is what costs here)
-    repo = fresh_copy(tmp_path / "repo", edit=lambda cfg: (cfg["models"]["rwkv7-tiny"].update(recipes=[RECIPE]),
-                                                         cfg.update(build=["rwkv7-tiny"])), short=False)
-    shutil.copytree(tiny_results, repo / "results")
+    repo = fresh_copy(tmp_path / "repo", edit=lambda cfg: (cfg["models"][BW_MODEL].update(recipes=[RECIPE]),
+                                                         cfg.update(build=[BW_MODEL])), short=False)
+    for rel in (BW_MODEL, f"logs/{BW_MODEL}"):  # the one model's outputs (the others' are 1.3 GB)
+        shutil.copytree(tiny_results / rel, repo / "results" / rel)
+    shutil.copy2(tiny_results / "toolchain.json", repo / "results" / "toolchain.json")
     # realign file times up to the card; the card, report and staging tree of the shared tree list all
     # three recipes, this config one: render them again (--forcerun: the file times are in order, and a
     # touched card is refused by the DVC record, which re-renders it from its inputs:
@@ -277,8 +280,8 @@ def test_apply_rebuilds_exactly_the_toolchain_stages_and_reports(index, tiny_res
 
     dry = run(cli, repo)
     assert f"{PACKAGE} {OLD} -> {NEW} (pre-release)" in dry.stdout
-    planned = next(line for line in dry.stdout.splitlines() if line.startswith("  rwkv7-tiny: "))
-    assert set(planned.removeprefix("  rwkv7-tiny: ").split("; ")) == {
+    planned = next(line for line in dry.stdout.splitlines() if line.startswith(f"  {BW_MODEL}: "))
+    assert set(planned.removeprefix(f"  {BW_MODEL}: ").split("; ")) == {
         f"export {RECIPE}", f"aot universal/{RECIPE}", f"doctor {RECIPE}", f"gate_shard {RECIPE}/0", f"gate {RECIPE}",
         "card", "stage_and_push",
         "report"}, dry.stdout
@@ -301,21 +304,21 @@ def test_apply_rebuilds_exactly_the_toolchain_stages_and_reports(index, tiny_res
     assert report["toolchain"]["new"][PACKAGE] == NEW and report["toolchain"]["old"][PACKAGE] == OLD
     for path in [tree / "requirements.txt", *tree.glob("envs/*.yaml")]:
         assert f"{PACKAGE}=={NEW}" in _pins(path), path
-    for rel in ("rwkv7-tiny/source/model.safetensors", "rwkv7-tiny/vocab/rwkv_vocab.tsv",
-                "rwkv7-tiny/reference/stream.npz"):  # not rebuilt: the copy, file times and all
+    for rel in (f"{BW_MODEL}/source/model.safetensors", f"{BW_MODEL}/vocab/bytes_vocab.tsv",
+                f"{BW_MODEL}/reference/stream.npz"):  # not rebuilt: the copy, file times and all
         assert (tree / "results" / rel).stat().st_mtime_ns == (repo / "results" / rel).stat().st_mtime_ns, rel
     for row in report["recipes"]:
-        old_json = json.loads((repo / f"results/rwkv7-tiny/gate/{row['recipe']}.json").read_text())
-        new_json = json.loads((tree / f"results/rwkv7-tiny/gate/{row['recipe']}.json").read_text())
+        old_json = json.loads((repo / f"results/{BW_MODEL}/gate/{row['recipe']}.json").read_text())
+        new_json = json.loads((tree / f"results/{BW_MODEL}/gate/{row['recipe']}.json").read_text())
         for key in ("agree_counted", "counted", "max_abs_dlogits", "mean_kl", "bundle_sha256", "size_bytes"):
             assert row["old"][key] == old_json[key] and row["new"][key] == new_json[key], key
         assert new_json["toolchain"][PACKAGE] == NEW and row["new"]["pass"] is True
         assert row["new"]["export_seconds"] > 0 and row["new"]["export_peak_rss_mb"] > 100
     md = (repo / f"reports/beta-{PACKAGE}-{NEW}.md").read_text()
-    old_gate = json.loads((tiny_results / f"rwkv7-tiny/gate/{RECIPE}.json").read_text())
+    old_gate = json.loads((tiny_results / f"{BW_MODEL}/gate/{RECIPE}.json").read_text())
     agree = f"{old_gate['agree_counted']}/{old_gate['counted']}"
     assert old_gate["counted"] > 100  # the full gate (config.yaml's 127 steps), as the shared tree is built
-    assert "**no regression**" in md and f"| rwkv7-tiny | {RECIPE} | PASS → PASS | {agree} → {agree} |" in md, md
+    assert "**no regression**" in md and f"| {BW_MODEL} | {RECIPE} | PASS → PASS | {agree} → {agree} |" in md, md
     assert _digests(repo / "results") == baseline, "the baseline results/ must not change"
     assert str(tree) in run("git worktree list", repo).stdout  # --worktree keeps it
 
@@ -328,7 +331,7 @@ def test_apply_rebuilds_exactly_the_toolchain_stages_and_reports(index, tiny_res
     assert bw_cli.main(["--index-url", url, "--apply"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {repo}/reports/beta-{PACKAGE}-{NEW}.md: REGRESSION"), err
-    assert f"rwkv7-tiny/{RECIPE}: " in err[0] and "max|dlogits| grew" in err[0] and "fix: do not adopt" in err[0]
+    assert f"{BW_MODEL}/{RECIPE}: " in err[0] and "max|dlogits| grew" in err[0] and "fix: do not adopt" in err[0]
     print(err[0])
     worse = json.loads((repo / f"reports/beta-{PACKAGE}-{NEW}.json").read_text())
     assert worse["verdict"] == "REGRESSION"

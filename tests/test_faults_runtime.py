@@ -20,6 +20,7 @@ import yaml
 
 from recurrent_coreai.pipeline.paths import Layout
 from recurrent_coreai.stages import cli, gate, report
+from repo_copies import short_gate
 
 ROOT = Path(__file__).resolve().parents[1]
 M = "rwkv7-tiny"
@@ -29,7 +30,7 @@ RECIPES = ("fp32", "fp16")
 def config(tmp: Path, results: Path) -> Path:
     cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
     cfg["results"] = str(results)
-    cfg["gate"].update({"prompts": ["Hello, who are you?", "What is 17 times 23?"], "steps": 40})
+    short_gate(cfg)  # 2 prompts, 40 steps, a 256-token text stream
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(cfg, allow_unicode=True))
     return path

@@ -5,7 +5,7 @@ model to build). `dvc repro` and the comparison of the two entry points are in
 tests/test_pipeline_dvc.py.
 
 The tests that rebuild, push and pull, damage or race on a built tree work on the default model's
-DAG alone (``one_model_repo``: config.yaml ``build: [rwkv7-tiny]``, its outputs and Snakemake's
+DAG alone (``one_model_repo``: config.yaml ``build: [rwkv7-trained]``, its outputs and Snakemake's
 record of them the snakemake build's, recorded in DVC by scripts/dvc_record.py): what they check is
 what Snakemake and DVC do with one model's jobs, and there each `snakemake`, `dvc status` and DVC
 record handles that model's 19 stages, not the whole DAG's 73. The tests that only plan (`snakemake
@@ -128,7 +128,7 @@ def test_a_maintainer_card_is_an_input_of_the_card(smk_repo):
     cards = repo / "cards"
     cards.mkdir()
     try:
-        (cards / "rwkv7-tiny.md").write_text("Maintained by hand.\n")
+        (cards / f"{MODEL}.md").write_text("Maintained by hand.\n")
         assert _planned_rules(repo) == {"card", "report", "stage_and_push", "publish"}
     finally:
         shutil.rmtree(cards)
@@ -137,7 +137,7 @@ def test_a_maintainer_card_is_an_input_of_the_card(smk_repo):
 
 def test_a_bundle_changed_after_its_gate_is_never_staged_nor_recorded(one_model_repo):
     repo, _ = one_model_repo
-    mlirb = next((repo / "results/rwkv7-tiny/export/fp16").glob("*.aimodel/main.mlirb"))
+    mlirb = next((repo / f"results/{MODEL}/export/fp16").glob("*.aimodel/main.mlirb"))
     original, stat, lock = mlirb.read_bytes(), mlirb.stat(), (repo / "dvc.lock").read_text()
     damaged = bytearray(original)
     damaged[4096:6144] = bytes(b ^ 0x5A for b in damaged[4096:6144])  # 2 KB of bit rot
@@ -151,13 +151,13 @@ def test_a_bundle_changed_after_its_gate_is_never_staged_nor_recorded(one_model_
         assert errors and "main.mlirb" in errors[0] and "differs from what the export stage recorded" in errors[0], \
             proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr
-        assert not (repo / "results/rwkv7-tiny/publish").exists()
-        log = (repo / "results/logs/rwkv7-tiny/publish.log").read_text()
+        assert not (repo / f"results/{MODEL}/publish").exists()
+        log = (repo / f"results/logs/{MODEL}/publish.log").read_text()
         assert errors[0] in log, "the error line is in the job's log too"
         assert (repo / "dvc.lock").read_text() == lock, "nothing this run did not build was recorded"
         # `dvc status` trusts mtimes and sizes (kept here); by content (make verify) it shows the change
         status = run('DVC_SITE_CACHE_DIR="$(mktemp -d)" dvc status', repo).stdout
-        assert "export-rwkv7-tiny-fp16:" in status and "modified:" in status, status
+        assert f"export-{MODEL}-fp16:" in status and "modified:" in status, status
     finally:
         mlirb.write_bytes(original)
         os.utime(mlirb, ns=(stat.st_atime_ns, stat.st_mtime_ns))
@@ -168,8 +168,8 @@ def test_a_bundle_changed_after_its_gate_is_never_staged_nor_recorded(one_model_
 def test_a_run_with_another_config_is_not_recorded_as_config_yaml(one_model_repo, tmp_path):
     repo, _ = one_model_repo
     cfg = yaml.safe_load((repo / "config.yaml").read_text())
-    cfg["models"]["rwkv7-tiny"]["description"] = "Built from another config."
-    cfg["build"] = ["rwkv7-tiny"]
+    cfg["models"][MODEL]["description"] = "Built from another config."
+    cfg["build"] = [MODEL]
     other = tmp_path / "other.yaml"
     other.write_text(yaml.safe_dump(cfg, allow_unicode=True))
     # the description shapes the card and what follows it, nothing else: the path of the effective
@@ -177,11 +177,11 @@ def test_a_run_with_another_config_is_not_recorded_as_config_yaml(one_model_repo
     card_and_after = {"card", "report", "stage_and_push", "publish"}
     assert _planned_rules(repo, f"--configfile {other}") == card_and_after
     proc = run(f"snakemake --cores 1 publish --configfile {other}", repo)
-    assert "DVC: not recorded: this run's config differs from config.yaml at models.rwkv7-tiny.description" \
+    assert f"DVC: not recorded: this run's config differs from config.yaml at models.{MODEL}.description" \
         in proc.stderr, proc.stderr[-2000:]
-    card = (repo / "results/rwkv7-tiny/card/README.md").read_text()
+    card = (repo / f"results/{MODEL}/card/README.md").read_text()
     assert "Built from another config." in card
-    assert "card-rwkv7-tiny" in _dvc_changed(repo), "dvc.lock still describes config.yaml's card"
+    assert f"card-{MODEL}" in _dvc_changed(repo), "dvc.lock still describes config.yaml's card"
     assert _planned_rules(repo) == card_and_after  # config.yaml's settings again: the card and after only
     run("snakemake --cores 1 publish", repo)  # rebuilt and recorded
     assert "Data and pipelines are up to date" in _dvc_changed(repo)
@@ -192,10 +192,10 @@ def test_two_concurrent_runs_in_one_tree_lose_no_record(one_model_repo):
     any job in the other's DAG: the fp16 gate and the fp32 lowering) both get recorded."""
     repo, _ = one_model_repo
     env_cmd = "snakemake --cores 1 {target} --forcerun {rule}"  # --forcerun takes every word after it
-    a = subprocess.Popen(env_cmd.format(rule="gate", target="results/rwkv7-tiny/gate/fp16.json"), cwd=repo,
+    a = subprocess.Popen(env_cmd.format(rule="gate", target=f"results/{MODEL}/gate/fp16.json"), cwd=repo,
                          shell=True, env=env(PYTHONPATH=str(repo)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)
-    b = subprocess.Popen(env_cmd.format(rule="aot", target="results/rwkv7-tiny/aot/universal/fp32"), cwd=repo,
+    b = subprocess.Popen(env_cmd.format(rule="aot", target=f"results/{MODEL}/aot/universal/fp32"), cwd=repo,
                          shell=True, env=env(PYTHONPATH=str(repo)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)
     try:
@@ -203,7 +203,7 @@ def test_two_concurrent_runs_in_one_tree_lose_no_record(one_model_repo):
         assert a.returncode == 0 and b.returncode == 0, out_a[-2000:] + out_b[-2000:]
         # each run records what it built, and what the other finished meanwhile (outputs newer than its start)
         assert "DVC: recorded the " in out_a and "DVC: recorded the " in out_b, out_a[-2000:] + out_b[-2000:]
-        status = run("dvc status gate-rwkv7-tiny-fp16 aot-rwkv7-tiny-universal-fp32", repo).stdout
+        status = run(f"dvc status gate-{MODEL}-fp16 aot-{MODEL}-universal-fp32", repo).stdout
         assert "changed outs" not in status, status
     finally:  # the lowering is newer than its gate: bring the rest up to date (the next tests need it)
         run("snakemake --cores 1 publish", repo)
