@@ -24,6 +24,7 @@ from recurrent_coreai.pipeline import config as cfgmod
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.pipeline.paths import STATE_DIR
 from recurrent_coreai.pipeline.records import verify_output
+from recurrent_coreai.util.fsutil import remembered_digests
 
 TIMESTAMP = ".snakemake_timestamp"
 
@@ -132,7 +133,8 @@ def main(argv: list[str] | None = None, derived: Callable[[dict], None] | None =
         _say("dvc.yaml regenerated from the Snakefile's DAG (commit it)")
     stages = yaml.safe_load(text)["stages"]
     names = executed_stages(stages, ns.since)
-    refused = unverified(stages, names, derived)
+    with remembered_digests():  # each output hashed once for every stage that checks it
+        refused = unverified(stages, names, derived)
     for name, exc in refused.items():
         _say(f"error: {exc} (DVC: stage {name} not recorded)")
     names = [n for n in names if n not in refused]

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -26,7 +27,44 @@ CHUNK = 1 << 20
 IGNORED = frozenset({".snakemake_timestamp", ".gitignore"})
 
 
+# (device, inode, size, mtime_ns, ctime_ns) -> sha256, inside remembered_digests() only
+_REMEMBERED: dict[tuple, str] | None = None
+RACY_NS = 1_000_000_000  # a file changed less than this before it is hashed is hashed every time
+
+
+@contextlib.contextmanager
+def remembered_digests() -> Iterator[None]:
+    """Inside the block, :func:`sha256_file` hashes a file once and returns that digest again while
+    the file's device, inode, size, mtime and ctime are unchanged: a process that checks the same
+    outputs for several stages (the DVC record after a build: a gate JSON's bundle for the gate,
+    card, report and publish stages) reads each once. Every write changes ctime, and no call can
+    set it back (os.utime sets mtime only), so a file edited with its time kept is hashed again."""
+    global _REMEMBERED
+    outer = _REMEMBERED
+    _REMEMBERED = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _REMEMBERED = outer
+
+
 def sha256_file(path: str | Path) -> str:
+    if _REMEMBERED is None:
+        return _sha256_file(path)
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key in _REMEMBERED:
+        return _REMEMBERED[key]
+    now = time.time_ns()
+    digest = _sha256_file(path)
+    # a file changed within the last second is not remembered (git's "racily clean" rule): on a
+    # file system with a coarse clock a second write in the same tick would keep its ctime
+    if st.st_ctime_ns < now - RACY_NS:
+        _REMEMBERED[key] = digest
+    return digest
+
+
+def _sha256_file(path: str | Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh, Progress(f"hashing {Path(path).name}", os.fstat(fh.fileno()).st_size, "B") as bar:
         for chunk in iter(lambda: fh.read(CHUNK), b""):
