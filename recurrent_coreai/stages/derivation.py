@@ -26,9 +26,12 @@ and its ``export.json`` -- is in docs/provenance.md.
 
 from __future__ import annotations
 
+import copy
 import csv
+import functools
 import io
 import math
+import os
 import re
 import shlex
 import tempfile
@@ -312,6 +315,18 @@ def cmd_args(cmd: str) -> tuple[str, dict[str, list[str]]]:
     return script, args
 
 
+def config_in_force(path: str | Path) -> dict:
+    """config.load of ``path``, parsed and validated once per process while the file is unchanged
+    (the DVC record checks ~100 stages against one config); a copy, so no caller changes another's."""
+    st = os.stat(path)
+    return copy.deepcopy(_loaded(str(path), (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)))
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded(path: str, state: tuple) -> dict:
+    return cfgmod.load(path)
+
+
 def check_stage(stage: dict) -> None:
     """What scripts/dvc_record.py checks of a stage it would record (after the seals of its outs):
     each derived record among its outs against the inputs its command names."""
@@ -322,13 +337,13 @@ def check_stage(stage: dict) -> None:
     elif script == "aot":
         check_aot(Path(one["out"]), Path(one["export"]))
     elif script == "doctor":
-        cfg = cfgmod.load(one.get("config_file", cfgmod.DEFAULT_FILE))
+        cfg = config_in_force(one.get("config_file", cfgmod.DEFAULT_FILE))
         check_doctor(Path(one["out"]), cfgmod.model(cfg, one["model"])["family"], one["checkpoint"], Path(one["export"]))
     elif script == "vocab":
-        cfg = cfgmod.load(one.get("config_file", cfgmod.DEFAULT_FILE))
+        cfg = config_in_force(one.get("config_file", cfgmod.DEFAULT_FILE))
         check_vocab(Path(one["out"]), one["model"], cfgmod.settings(cfg, "vocab", model=one["model"]), Path(one["source"]))
     elif script in ("gate", "card", "report", "publish"):
-        cfg = cfgmod.load(one.get("config_file", cfgmod.DEFAULT_FILE))
+        cfg = config_in_force(one.get("config_file", cfgmod.DEFAULT_FILE))
         if script == "gate":
             s = cfgmod.settings(cfg, "gate", model=one["model"], recipe=one["recipe"])
             check_gate(Path(one["json"]), cfgmod.gate_settings(s, one["recipe"]), Path(one["export"]),
