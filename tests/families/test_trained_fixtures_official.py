@@ -246,9 +246,12 @@ def _rwkv6_broken():
 
 
 def _mamba2_broken():
-    from test_mamba2_reference import BREAKS, broken_reference   # textual copies of the reference module
+    from ssm_common import broken_reference   # textual copies of the reference module
+    from test_mamba2_reference import BREAKS
 
-    return {what: (lambda w, g, mp, old=old, new=new: broken_reference(old, new)(w, g, torch.float32))
+    from recurrent_coreai.families.mamba2 import reference
+
+    return {what: (lambda w, g, mp, old=old, new=new: broken_reference(reference, old, new)(w, g, torch.float32))
             for what, old, new in BREAKS}
 
 
