@@ -100,3 +100,29 @@ def test_a_dvc_failure_is_one_line(built):
     (built / "card.md").unlink()
     why = dvc_record.dvc_commit(["card"])
     assert why and "\n" not in why and "card.md" in why, why
+
+
+def test_the_stages_of_a_record_are_written_to_dvc_lock_once_as_dvc_commit_writes_them(built, tmp_path, monkeypatch):
+    """Every named stage is committed (outputs cached, dvc.lock entries) in one write of dvc.lock --
+    the same dvc.lock, byte for byte, that `Repo.commit` per stage name writes with one write each."""
+    import shutil
+
+    from dvc.dvcfile import Lockfile
+    from dvc.repo import Repo
+
+    names = ["gate", "card", "publish"]
+    other = tmp_path / "other"
+    shutil.copytree(built, other, symlinks=True)
+    monkeypatch.chdir(other)
+    with Repo() as repo:
+        for name in names:
+            repo.commit(name, force=True, relink=False)
+    monkeypatch.chdir(built)
+    writes = []
+    real = Lockfile.dump_stages
+    monkeypatch.setattr(Lockfile, "dump_stages", lambda self, stages, **kw: (writes.append([s.name for s in stages]),
+                                                                              real(self, stages, **kw))[1])
+    assert dvc_record.dvc_commit(names) is None
+    assert writes == [names]
+    assert (built / "dvc.lock").read_text() == (other / "dvc.lock").read_text()
+    assert "up to date" in sh("dvc status", built)

@@ -59,13 +59,20 @@ def env() -> dict:
     return dict(os.environ, PATH=f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1")
 
 
+def as_in_a_terminal() -> None:
+    """A child's SIGINT at its default, as in a terminal: a pytest worker may hold it ignored (an
+    in-process snakemake or DVC call in an earlier test), and a child inherits that -- its Python
+    then installs no KeyboardInterrupt handler and the interrupt these tests send is lost."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run(args: list[str], interrupt_after: float | None = None, wait_for: Path | None = None,
         wait_text: str = "") -> tuple[int, str, str]:
     """A command in its own process (SIGINT at its default, as in a terminal); with
     ``interrupt_after``, SIGINT that long after ``wait_for`` exists (and holds ``wait_text``), or
     after the start."""
     proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            stderr=subprocess.PIPE, preexec_fn=as_in_a_terminal)
     if interrupt_after is not None:
         deadline = time.monotonic() + 120
 
@@ -229,7 +236,7 @@ def test_an_interrupt_while_the_runtime_loads_is_exit_130_not_an_abort(tree):
     aimodelx = next(lay.aot("universal", "fp32").glob("*.aimodelx"))
     for _ in range(3):  # before the fix: 134 in 3 of 3 runs like this one
         proc = subprocess.run([sys.executable, "-c", LOAD_INTERRUPTED, str(aimodelx)], cwd=ROOT, env=env(),
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120, preexec_fn=as_in_a_terminal)
         assert proc.returncode == 130, proc.stderr[-1500:]
         assert error_lines(proc.stderr) == ["error: interrupted -- fix: run it again (its output was not written)"], \
             proc.stderr[-1500:]
