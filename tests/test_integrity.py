@@ -86,11 +86,20 @@ def built(request) -> Path:
     return Path(override) if override else request.getfixturevalue("tiny_results")
 
 
+def copy_results(src: Path, dst: Path, link: bool = False) -> None:
+    """What the stages of MODEL read of results tree ``src`` (its folder, toolchain.json), file times
+    kept: copied, or hard-linked (every change in tampering.py writes a new inode). The whole tree
+    is 1.5 GB, copied once per case before (~16 GB a run)."""
+    copy = os.link if link else shutil.copy2
+    shutil.copytree(src / MODEL, dst / MODEL, symlinks=True, copy_function=copy)
+    copy(src / "toolchain.json", dst / "toolchain.json")
+
+
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory, built) -> Path:
-    """A copy of the built tree (file times kept) and its config, per module."""
+    """A copy of the built tree's MODEL (file times kept) and its config, per module."""
     base = tmp_path_factory.mktemp("integrity")
-    shutil.copytree(built, base / "results", symlinks=True, copy_function=shutil.copy2)
+    copy_results(built, base / "results")
     cfg = yaml.safe_load((built.parent / "config.yaml").read_text())
     cfg["results"] = str(base / "results")
     (base / "config.yaml").write_text(yaml.safe_dump(cfg))
@@ -143,7 +152,7 @@ def test_the_untouched_tree_publishes_and_every_output_verifies(tree, capsys):
 def test_a_file_changed_after_its_stage_is_never_published(tree, tmp_path, capsys, kind):
     where, change, stage = CASES[kind]
     base = tmp_path / "copy"
-    shutil.copytree(tree / "results", base / "results", symlinks=True, copy_function=shutil.copy2)
+    copy_results(tree / "results", base / "results", link=True)
     cfg = yaml.safe_load((tree / "config.yaml").read_text())
     cfg["results"] = str(base / "results")
     (base / "config.yaml").write_text(yaml.safe_dump(cfg))
@@ -179,7 +188,7 @@ def test_a_file_changed_after_its_stage_is_never_recorded_in_dvc(tree, tmp_path,
 
     where, change, stage = CASES[kind]
     results = tmp_path / "results"
-    shutil.copytree(tree / "results", results, symlinks=True, copy_function=os.link)
+    copy_results(tree / "results", results, link=True)
     path = where(results) if callable(where) else results / where
     out = dvc_out(results, path)
     assert records.verify_output(out) != "unrecorded"

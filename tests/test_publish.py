@@ -26,10 +26,11 @@ from recurrent_coreai.stages import publish as p
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS: Path = REPO_ROOT / "results"  # set to the session-built tree by conftest.py, never results/
-MODEL = "rwkv7-tiny"
+MODEL = "rwkv7-trained"  # rwkv7 with a byte vocabulary: 34 MB of outputs, rwkv7-tiny's 65536-id head 693 MB
 RECIPES = ["fp32", "fp16", "int8keepproj"]
 TARGET = "universal"
-HUB_REPO = "tester/rwkv7-tiny-coreai"
+DEVICE_VOCAB = "bytes_vocab.tsv"  # MODEL's tokenizer kind's device table
+HUB_REPO = f"tester/{MODEL}-coreai"
 TOKEN = "hf_FAKE_publish_token_42"
 EPOCH = "1767225600"
 LINK_ABOVE = 256 * 1024  # bytes; smaller files are copied, so editing them never reaches results/
@@ -49,11 +50,11 @@ def _place(src: Path, dst: Path) -> None:
     shutil.copyfile(src, dst)
 
 
-def copy_results(dst: Path, recipes=RECIPES) -> Path:
+def copy_results(dst: Path, recipes=RECIPES, model: str = MODEL) -> Path:
     """A results root holding what publish (and card) read for ``recipes`` -- publish also checks
     the gate TSVs, the reference stream and the doctor results against their stages' records --
     including the snakemake timestamps the real outputs carry; returns the root."""
-    src, out = RESULTS / MODEL, dst / MODEL
+    src, out = RESULTS / model, dst / model
     parts = (["source", "vocab", "card", "reference"] + [f"export/{r}" for r in recipes]
              + [f"aot/{TARGET}/{r}" for r in recipes])
     for part in parts:
@@ -68,16 +69,16 @@ def copy_results(dst: Path, recipes=RECIPES) -> Path:
     return dst
 
 
-def publish_args(results: Path, recipes=RECIPES) -> list[str]:
+def publish_args(results: Path, recipes=RECIPES, model: str = MODEL) -> list[str]:
     """The publish rule's inputs for a results copy holding ``recipes``."""
-    return stage_args("publish", results, MODEL, recipes, [TARGET])
+    return stage_args("publish", results, model, recipes, [TARGET])
 
 
-def write_config(path: Path, **model_changes) -> Path:
+def write_config(path: Path, model: str = MODEL, **model_changes) -> Path:
     """The built tree's config (its gate settings are the ones its gates ran: publish recomputes each
     verdict with the config's, stages/derivation.py) with ``model_changes``."""
     cfg = yaml.safe_load((RESULTS.parent / "config.yaml").read_text())
-    cfg["models"][MODEL].update(model_changes)
+    cfg["models"][model].update(model_changes)
     path.write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
     return path
 
@@ -119,13 +120,13 @@ def all_files(root: Path) -> set[str]:
     return {q.relative_to(root).as_posix() for q in root.rglob("*") if q.is_file()}
 
 
-def expected_tree(results: Path, recipes=RECIPES) -> dict[str, Path]:
+def expected_tree(results: Path, recipes=RECIPES, model: str = MODEL) -> dict[str, Path]:
     """Staged path -> the results file it must be a copy of (README.md: the rendered card, which is
     staged without its seal line: see staged_bytes)."""
-    lay = results / MODEL
+    lay = results / model
     tree = {"README.md": lay / "card" / "README.md"}
     for r in recipes:
-        bundle = f"{MODEL}-{r}"
+        bundle = f"{model}-{r}"
         export = lay / "export" / r
         for f in (export / f"{bundle}.aimodel").rglob("*"):
             if f.is_file():
@@ -136,9 +137,11 @@ def expected_tree(results: Path, recipes=RECIPES) -> dict[str, Path]:
         for f in (aot / f"{bundle}.aimodelx").rglob("*"):
             if f.is_file():
                 tree[f"{TARGET}/{bundle}/{bundle}.aimodelx/{f.relative_to(aot / f'{bundle}.aimodelx').as_posix()}"] = f
-        tree[f"{TARGET}/{bundle}/rwkv_vocab.tsv"] = lay / "vocab" / "rwkv_vocab.tsv"
-        for folder in (f"aimodel/{bundle}", f"{TARGET}/{bundle}"):  # the runner contract (tests/test_runner_contract.py)
-            tree[f"{folder}/tokenizer/rwkv_vocab.tsv"] = lay / "vocab" / "rwkv_vocab.tsv"
+        for name in records.vocab_files(lay / "vocab"):
+            tree[f"{TARGET}/{bundle}/{name}"] = lay / "vocab" / name
+            for folder in (f"aimodel/{bundle}", f"{TARGET}/{bundle}"):  # the runner contract (tests/test_runner_contract.py)
+                tree[f"{folder}/tokenizer/{name}"] = lay / "vocab" / name
+        for folder in (f"aimodel/{bundle}", f"{TARGET}/{bundle}"):
             tree[f"{folder}/metadata.json"] = tree[f"{folder}/runner.json"] = None  # written by publish
     return tree
 
@@ -187,7 +190,7 @@ def test_staging_tree_layout(staged):
     layout = c.blocks((out / "README.md").read_text())["layout"]
     for r in RECIPES:
         bundle = f"{MODEL}-{r}"
-        assert f"aimodel/{bundle}/{bundle}.aimodel/" in layout and f"{TARGET}/{bundle}/rwkv_vocab.tsv" in layout
+        assert f"aimodel/{bundle}/{bundle}.aimodel/" in layout and f"{TARGET}/{bundle}/{DEVICE_VOCAB}" in layout
     # nothing but the staging tree beside it (atomic rename, temporaries removed)
     assert [q.name for q in out.parent.iterdir()] == ["publish"]
 
@@ -214,7 +217,7 @@ def test_receipt_lists_every_staged_file_with_hashes_and_gates(staged):
     vocab_files = sorted(q.name for q in (results / MODEL / "vocab").iterdir()  # less Snakemake's directory marker
                          if q.is_file() and q.name not in (".snakemake_timestamp", records.VOCAB_RECORD))
     assert receipt["tokenizer_files"] == vocab_files == records.vocab_files(results / MODEL / "vocab")
-    assert "rwkv_vocab.tsv" in vocab_files
+    assert DEVICE_VOCAB in vocab_files
     assert not [rel for rel in receipt["files"] if rel.endswith(records.VOCAB_RECORD)]  # the record is not staged
     for r in RECIPES:
         for name in vocab_files:
@@ -285,7 +288,7 @@ def test_the_staged_folders_are_the_configured_names(staged, tmp_path, capsys):
     rc = cli.publish(["--config-file", str(renamed), "--model", MODEL, *publish_args(staged["results"]),
                       "--out", str(tmp_path / "again")])
     err = capsys.readouterr().err
-    assert rc == 1 and err.count("\n") == 1 and "but the config names" in err and "'aimodel/rwkv7-tiny'" in err, err
+    assert rc == 1 and err.count("\n") == 1 and "but the config names" in err and f"'aimodel/{MODEL}'" in err, err
     assert "snakemake --forcerun export" in err and not (tmp_path / "again").exists()
 
 
@@ -356,7 +359,7 @@ def _run(code: str, env: dict, argv: list[str], cwd: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def pushes(tmp_path_factory):
-    """Three publishes of rwkv7-tiny to the stand-in (push on, fake token), as the pipeline runs them:
+    """Three publishes of MODEL to the stand-in (push on, fake token), as the pipeline runs them:
     1. first publish; 2. the same again; 3. after a maintainer edits the remote card and the card is
     regenerated with new device numbers. Returns what each run printed, logged and recorded."""
     tmp = tmp_path_factory.mktemp("push")

@@ -17,7 +17,21 @@ from recurrent_coreai.pipeline import records
 from recurrent_coreai.pipeline.paths import Layout
 from recurrent_coreai.stages import cli, gate
 from tampering import swap_two_tokens
-from test_publish import MODEL, RECIPES, expected_tree, no_token, publish_args, write_config  # noqa: F401
+from test_publish import RECIPES, no_token  # noqa: F401
+
+MODEL = "rwkv7-tiny"  # the World vocabulary's private-use tokens (its device table)
+
+
+def expected_tree(results):
+    return tp.expected_tree(results, model=MODEL)
+
+
+def publish_args(results):
+    return tp.publish_args(results, model=MODEL)
+
+
+def write_config(path, **changes):
+    return tp.write_config(path, model=MODEL, **changes)
 
 RESULTS: Path = Path(__file__).resolve().parents[1] / "results"  # set to the session-built tree by conftest.py
 
@@ -25,7 +39,7 @@ RESULTS: Path = Path(__file__).resolve().parents[1] / "results"  # set to the se
 @pytest.fixture
 def results_copy(tmp_path):
     tp.RESULTS = RESULTS  # test_publish's helpers read its module's RESULTS
-    return tp.copy_results(tmp_path / "results")
+    return tp.copy_results(tmp_path / "results", model=MODEL)
 
 
 def _private(path: Path) -> Path:

@@ -22,7 +22,7 @@ from recurrent_coreai.stages import runner_contract as rc
 from recurrent_coreai.tools import generate as gen
 
 RESULTS = None  # the tiny results tree (conftest)
-MODEL, TARGET = tp.MODEL, tp.TARGET
+MODEL, TARGET = "rwkv7-tiny", tp.TARGET  # the World tokenizer's contract
 PROMPT = "Hello, who are you?"
 
 # apple/coreai-models at 86b363d: python/src/coreai_models/export/bundle.py writes these keys (the
@@ -82,10 +82,10 @@ def staged(tmp_path_factory):
     """The publish stage (push off) on a copy of the built tree's rwkv7-tiny (tests/test_publish.py's helpers)."""
     tp.RESULTS = RESULTS
     tmp = tmp_path_factory.mktemp("contract")
-    results = tp.copy_results(tmp / "results")
-    config = tp.write_config(tmp / "config.yaml")
+    results = tp.copy_results(tmp / "results", model=MODEL)
+    config = tp.write_config(tmp / "config.yaml", model=MODEL)
     out = tmp / "out" / "publish"
-    rc_ = cli.publish(["--config-file", str(config), "--model", MODEL, *tp.publish_args(results), "--out", str(out)])
+    rc_ = cli.publish(["--config-file", str(config), "--model", MODEL, *tp.publish_args(results, model=MODEL), "--out", str(out)])
     assert rc_ == 0
     return {"results": results, "out": out, "config": config}
 
