@@ -18,8 +18,6 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-import yaml
-
 from recurrent_coreai.pipeline import config as cfgmod
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.pipeline.paths import STATE_DIR
@@ -127,7 +125,7 @@ def commit_stages(repo, names: list[str]) -> None:
 
 def main(argv: list[str] | None = None, derived: Callable[[dict], None] | None = None) -> int:
     """``derived``: see :func:`unverified`."""
-    from recurrent_coreai.pipeline.dag import render, snakemake_jobs
+    from recurrent_coreai.pipeline.dag import DVC_YAML_FIX, load_yaml_file, render, snakemake_jobs
 
     ap = argparse.ArgumentParser(prog="scripts/dvc_record.py")
     ap.add_argument("--config-file", default=cfgmod.DEFAULT_FILE)
@@ -154,7 +152,7 @@ def main(argv: list[str] | None = None, derived: Callable[[dict], None] | None =
     if Path("dvc.yaml").read_text() != text:
         Path("dvc.yaml").write_text(text)
         _say("dvc.yaml regenerated from the Snakefile's DAG (commit it)")
-    stages = yaml.safe_load(text)["stages"]
+    stages = load_yaml_file(Path("dvc.yaml"), DVC_YAML_FIX)["stages"]  # libyaml, as everything else reads it
     names = executed_stages(stages, ns.since)
     with remembered_digests():  # each output hashed once for every stage that checks it
         refused = unverified(stages, names, derived)
