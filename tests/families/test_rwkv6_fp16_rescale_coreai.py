@@ -1,5 +1,5 @@
 """RWKV-6 fp16 rescale in the Core AI runtime (issue 21): the deep model with a massive channel of
-test_rwkv6_fp16_rescale.py, its fp16 decode converted (coreai/convert.py), lowered for Linux and
+test_rwkv6_fp16_rescale.py, its fp16 decode function converted (coreai/convert.py: trace, save_functions), lowered for Linux and
 run for 12 tokens: without the rescale the bundle overflows (non-finite logits, NaN states), with
 it (fp16's default) logits and states match the fp32 reference.
 """
@@ -22,11 +22,14 @@ pytest.importorskip("coreai_torch")
 def _runtime_logits(dec, tmp_path: Path, tag: str, tokens) -> tuple[np.ndarray, dict]:
     import coreai.runtime as rt
 
-    from recurrent_coreai.coreai.convert import convert
+    from recurrent_coreai.coreai.convert import save_functions, trace
+    from recurrent_coreai.coreai.entrypoints import DECODE, by_role
     from recurrent_coreai.coreai.runtime import lower_universal
 
     out = tmp_path / f"{tag}.aimodel"
-    convert(FAM, dec, out, 16, STATES, decode_only=True)
+    # the decode function alone, converted as the export converts it (coreai/convert.py): only main
+    # runs here, and the 13-layer prefill's trace would be most of this test's time
+    save_functions([trace(by_role(DECODE), FAM, dec, 16, STATES)], out)
     lowered = tmp_path / f"{tag}.aimodelx"
     lowered.mkdir()
     lower_universal(out, lowered)
