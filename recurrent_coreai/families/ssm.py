@@ -144,6 +144,64 @@ def normal_shapes(g: Any, in_width: int, conv_width: int,
     return shapes
 
 
+# --- the family seam ---------------------------------------------------------------------------
+class Family(base.Family):
+    """The seam methods Mamba-1 and Mamba-2 implement alike, each over its own geometry and layouts
+    modules and Geometry class (``geometry_module``, ``layouts_module``, ``geometry_class``). A
+    subclass says what else it is (names, roles, shapes, card) and what of ``geom`` the tensor
+    shapes do not hold (``geom_not_in_shapes``: why ``write_layout`` needs it)."""
+    geometry_module: Any
+    layouts_module: Any
+    geometry_class: type
+    geom_not_in_shapes: str = ""
+
+    # --- geometry ------------------------------------------------------------------------
+    def geometry_from_shape(self, shape: Mapping, where: str | Path) -> Any:
+        return self.geometry_module.geometry_from_shape(shape, where)
+
+    def geometry_from_dict(self, d: Mapping) -> Any:
+        return self.geometry_class(**dict(d)).check("geometry record")
+
+    def parameter_count(self, geom: Any) -> int:
+        """The model's own parameters: a tied head is the embedding, counted once (the normal
+        form holds it twice)."""
+        return super().parameter_count(geom) - (geom.vocab * geom.hidden if geom.tie_embeddings else 0)
+
+    def tied_linears(self, geom: Any) -> dict[str, str]:
+        """Decode-module linears whose weight is tied to another tensor: a tied head is the embedding
+        table (one fp16 copy in the bundle serves the lookup and the head, so roles keep it)."""
+        return {"lm_head": "backbone.embeddings.weight"} if geom.tie_embeddings else {}
+
+    def config_json(self, geom: Any) -> dict:
+        return self.geometry_module.hf_config(geom)   # the normal form's (HF) config.json, not mamba_ssm's
+
+    # --- checkpoints ---------------------------------------------------------------------
+    def streams(self, layout: str) -> bool:
+        """Neither layout normalises by its tensor names alone: whether lm_head is tied (materialised
+        from the embedding, or checked equal to it) is in config.json. Both stream with the geometry
+        (:meth:`normal_stream`); a synthetic source is written in its layout and normalised so."""
+        return False
+
+    def normal_stream(self, layout: str, geom: Any, names):
+        """Both layouts, one tensor at a time with the geometry (layouts.normal_stream)."""
+        return self.layouts_module.normal_stream(layout, geom, names) if layout in self.layouts else None
+
+    def write_synthetic(self, geom: Any, seed: int, out_dir: Path, layout: str) -> Path:
+        """``hf``: written one tensor at a time (the bytes write_layout gives); ``mamba-ssm``: a
+        pickle, written whole by torch.save (write_layout)."""
+        if layout == self.layouts_module.HF:
+            return self.layouts_module.write_streamed(self.synthetic_tensors(geom, seed), out_dir, geom)
+        return super().write_synthetic(geom, seed, out_dir, layout)
+
+    def write_layout(self, sd: Mapping[str, Any], out_dir: Path, layout: str, geom: Any = None) -> Path:
+        """As the seam says, plus ``geom``: config.json cannot be written from the weights alone
+        (``geom_not_in_shapes`` says what of it the tensor shapes do not hold)."""
+        if geom is None:
+            raise TypeError(f"{self.name} write_layout needs geom= ({self.geom_not_in_shapes} are not in the "
+                            "tensor shapes)")
+        return self.layouts_module.write_layout(sd, out_dir, layout, geom)
+
+
 # --- checkpoint layouts ------------------------------------------------------------------------
 HF, MAMBA_SSM = "hf", "mamba-ssm"
 LAYOUTS = (HF, MAMBA_SSM)

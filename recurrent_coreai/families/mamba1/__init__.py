@@ -8,16 +8,13 @@ scan (the exact chunk form of the selective scan), export_modules (decode and pr
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Mapping
-
-from recurrent_coreai.families import base
+from recurrent_coreai.families import ssm
 from recurrent_coreai.families.mamba1 import geometry as _geometry
 from recurrent_coreai.families.mamba1 import layouts as _layouts
 from recurrent_coreai.families.mamba1.geometry import Geometry
 
 
-class Mamba1Family(base.Family):
+class Mamba1Family(ssm.Family):
     name = "mamba1"
     display_name = "Mamba-1 (Mamba, Falcon Mamba)"
     catalog_family = "Mamba"
@@ -45,53 +42,10 @@ class Mamba1Family(base.Family):
         "values) decays by exp(Δ·A) with A = -exp(A_log) one rate per state entry, and accumulates Δ·u·B, read out "
         "by C, plus a D skip, gated by silu(z). No attention and no KV cache: the bundle carries two fixed-size "
         "states, the conv window (convState) and the SSM state (ssmState), whatever the context length.")
+    geometry_module, layouts_module, geometry_class = _geometry, _layouts, Geometry
+    geom_not_in_shapes = 'the variant (Falcon Mamba\'s norms), dt_rank\'s "auto" and the eps values'
     export_sources = ("recurrent_coreai/families/mamba1/export_modules.py", "recurrent_coreai/families/mamba1/scan.py",
                       "recurrent_coreai/families/ssm.py")
-
-    # --- geometry ------------------------------------------------------------------------
-    def geometry_from_shape(self, shape: Mapping, where: str | Path) -> Geometry:
-        return _geometry.geometry_from_shape(shape, where)
-
-    def geometry_from_dict(self, d: Mapping) -> Geometry:
-        return Geometry(**dict(d)).check("geometry record")
-
-    def parameter_count(self, geom: Geometry) -> int:
-        """The model's own parameters: a tied head is the embedding, counted once (the normal
-        form holds it twice)."""
-        return super().parameter_count(geom) - (geom.vocab * geom.hidden if geom.tie_embeddings else 0)
-
-    def tied_linears(self, geom: Geometry) -> dict[str, str]:
-        """Decode-module linears whose weight is tied to another tensor: a tied head is the embedding
-        table (one fp16 copy in the bundle serves the lookup and the head, so roles keep it)."""
-        return {"lm_head": "backbone.embeddings.weight"} if geom.tie_embeddings else {}
-
-    def config_json(self, geom: Geometry) -> dict:
-        return _geometry.hf_config(geom)   # the normal form's (HF) config.json, not mamba_ssm's
-
-    # --- checkpoints ---------------------------------------------------------------------
-    def streams(self, layout: str) -> bool:
-        """Neither layout normalises by its tensor names alone: whether lm_head is tied (materialised
-        from the embedding, or checked equal to it) is in config.json. Both stream with the geometry
-        (:meth:`normal_stream`); a synthetic source is written in its layout and normalised so."""
-        return False
-
-    def normal_stream(self, layout: str, geom: Geometry, names):
-        """Both layouts, one tensor at a time with the geometry (layouts.normal_stream)."""
-        return _layouts.normal_stream(layout, geom, names) if layout in self.layouts else None
-
-    def write_synthetic(self, geom: Geometry, seed: int, out_dir: Path, layout: str) -> Path:
-        """``hf``: written one tensor at a time (the bytes write_layout gives); ``mamba-ssm``: a
-        pickle, written whole by torch.save (write_layout)."""
-        if layout == _layouts.HF:
-            return _layouts.write_streamed(self.synthetic_tensors(geom, seed), out_dir, geom)
-        return super().write_synthetic(geom, seed, out_dir, layout)
-
-    def write_layout(self, sd: Mapping[str, Any], out_dir: Path, layout: str, geom: Geometry | None = None) -> Path:
-        """As the seam says, plus ``geom``: dt_rank's "auto", Falcon Mamba's norms and the eps values
-        are not all in the tensor shapes, so config.json cannot be written from the weights alone."""
-        if geom is None:
-            raise TypeError("Mamba-1 write_layout needs geom= (the variant and eps values are not in the tensor shapes)")
-        return _layouts.write_layout(sd, out_dir, layout, geom)
 
     # --- card ----------------------------------------------------------------------------
     def card_rows(self, geom: Geometry) -> list[tuple[str, str]]:
