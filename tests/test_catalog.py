@@ -1,4 +1,5 @@
-"""coreai-catalog entries after a real push of the tiny model to the local Hub stand-in
+"""coreai-catalog entries after a real push of a built model (rwkv7-trained: 34 MB to push, rwkv7-tiny's
+65536-id head 693 MB) to the local Hub stand-in
 (tests/hubserver.py): pinned to the upload's commit, every file with the sha256 and size the Hub
 holds, a recurrent model with the bundle's functions and two states, and valid for the
 coreai-catalog package's own validator (offline)."""
@@ -7,9 +8,11 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import math
 
 import pytest
 import yaml
+from safetensors import safe_open
 
 from hubserver import HubServer, client_env, run_python
 from recurrent_coreai import families
@@ -18,8 +21,8 @@ from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.pipeline.paths import stage_args
 
 RESULTS = None  # the tiny results tree (conftest)
-M = "rwkv7-tiny"
-HUB_REPO = "tester/RWKV7-Tiny-CoreAI"
+M = "rwkv7-trained"
+HUB_REPO = "tester/RWKV7-Trained-CoreAI"
 TOKEN = "hf_FAKE_catalog_token_7"
 PUBLISH = "import sys\nfrom recurrent_coreai.stages.cli import publish\nsys.exit(publish(sys.argv[1:]))\n"
 TODAY = dt.date(2026, 11, 30)
@@ -61,7 +64,7 @@ def test_entries_pin_the_upload_and_validate_offline(pushed):
     assert catalog.validate(catalog.entries(pushed["out"], TODAY)) == []
 
     hf = art["huggingface"]
-    assert (hf["owner"], hf["repo"], hf["url"]) == ("tester", "RWKV7-Tiny-CoreAI", f"https://huggingface.co/{HUB_REPO}")
+    assert (hf["owner"], hf["repo"], hf["url"]) == ("tester", "RWKV7-Trained-CoreAI", f"https://huggingface.co/{HUB_REPO}")
     assert hf["revision"] == pushed["head"]  # the commit the upload made
     remote = pushed["remote"]
     assert {f["path"] for f in hf["files"]} == set(remote) - {".gitattributes", "README.md"}
@@ -69,21 +72,23 @@ def test_entries_pin_the_upload_and_validate_offline(pushed):
         assert f["sha256"] == hashlib.sha256(remote[f["path"]]).hexdigest() and f["size_bytes"] == len(remote[f["path"]])
     assert art["provenance"]["converted_by"] == {"tool": "recurrent-coreai", "version": "0.1.0"}
 
-    assert model["id"] == art["id"] == model["artifact_ref"] == "rwkv7-tiny-coreai"
+    assert model["id"] == art["id"] == model["artifact_ref"] == "rwkv7-trained-coreai"
     assert model["architecture"] == "recurrent" and model["last_verified"] == "2026-11-30"
     assert model["source_path"] == f"https://huggingface.co/{HUB_REPO}/tree/{pushed['head']}"
     io = model["io_contract"]
     export = yaml.safe_load((RESULTS / M / "export" / "fp32" / "export.json").read_text())
     states = {i["name"]: i["tensor"]["shape"] for i in io["inputs"] if i["modality"] == "state"}
-    assert states == export["states"] == {"recState": [2, 1, 2, 64, 64], "shiftState": [2, 1, 2, 128]}
+    assert states == export["states"] == {"recState": [2, 1, 4, 32, 32], "shiftState": [2, 1, 2, 128]}
     tensors = {i["name"]: i["tensor"]["shape"] for i in io["inputs"] if i["modality"] != "state"}
     assert tensors == {f"{fn}.{t['name']}": t["shape"] for fn, f in export["functions"].items() for t in f["inputs"]}
     assert tensors["main.input_ids"] == [1, 1] and tensors["prefill.input_ids"] == [1, export["prefill_chunk"]]
     assert [o["name"] for o in io["outputs"]] == ["main.logits", "prefill.logits"] and io["session"]["stateful"] is True
-    assert io["files"]["tokenizer_ref"].endswith("/rwkv_vocab.tsv") and io["files"]["tokenizer_ref"] in remote
+    assert io["files"]["tokenizer_ref"].endswith("/bytes_tokenizer.json") and io["files"]["tokenizer_ref"] in remote
     assert model["device_support"]["iphone"] == "unknown"  # only the universal (Linux) target was built
     params = float(model["size"]["parameters"].removesuffix("M")) * 1e6
-    assert params == pytest.approx(export["size_bytes"] / 4, rel=0.02)  # fp32: 4 bytes per parameter
+    with safe_open(RESULTS / M / "source" / "model.safetensors", "np") as source:  # the source's own count
+        counted = sum(math.prod(source.get_slice(name).get_shape()) for name in source.keys())
+    assert params == pytest.approx(counted, abs=0.05e6)  # the entry gives 0.1M steps
     assert model["license"]["name"] == "apache-2.0" == yaml.safe_load(remote["README.md"].split(b"---")[1])["license"]
 
 
