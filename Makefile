@@ -20,8 +20,10 @@ $(STAMP): requirements.txt requirements-test.txt pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "error: $(PY) not found -- fix: install Python 3.11 or run make PY=/path/to/python3.11"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q $(UV) "$$(grep -m1 '^torch==' requirements.txt)"
-	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode -r requirements-test.txt
-	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
+	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode -r requirements-test.txt \
+	  || { echo "note: uv could not install the requirements (its error above; it reads no pip.conf): pip installs them"; \
+	       $(BIN)/pip install -q -r requirements-test.txt; }
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e . || $(BIN)/pip install -q --no-deps -e .
 	touch $@
 
 publish: setup
