@@ -20,6 +20,7 @@ from tampering import swap_two_tokens
 from test_publish import RECIPES, no_token  # noqa: F401
 
 MODEL = "rwkv7-tiny"  # the World vocabulary's private-use tokens (its device table)
+GATED = "rwkv7-trained"  # the failing gate's model: any vocabulary; a 256-id head runs its gate ~7x faster
 
 
 def expected_tree(results):
@@ -36,10 +37,14 @@ def write_config(path, **changes):
 RESULTS: Path = Path(__file__).resolve().parents[1] / "results"  # set to the session-built tree by conftest.py
 
 
+def copy_results(tmp_path: Path, model: str) -> Path:
+    tp.RESULTS = RESULTS  # test_publish's helpers read its module's RESULTS
+    return tp.copy_results(tmp_path / "results", model=model)
+
+
 @pytest.fixture
 def results_copy(tmp_path):
-    tp.RESULTS = RESULTS  # test_publish's helpers read its module's RESULTS
-    return tp.copy_results(tmp_path / "results", model=MODEL)
+    return copy_results(tmp_path, MODEL)
 
 
 def _private(path: Path) -> Path:
@@ -87,14 +92,10 @@ def test_the_staged_tree_shares_no_inode_with_the_stage_outputs(results_copy, tm
     assert records.read_receipt(out)  # every staged file against the receipt
 
 
-GATED = "rwkv7-trained"  # the failing gate's model: any vocabulary; a 256-id head runs its gate ~7x faster
-
-
 def test_a_failing_gate_run_by_hand_leaves_only_the_failed_record(tmp_path, capsys):
     """The passing fp16.json/.tsv of an earlier run go when the gate, run again by hand with a
     stricter limit, fails: only fp16.failed.json/.tsv are left (docs/bad-inputs.md row 47)."""
-    tp.RESULTS = RESULTS
-    results_copy = tp.copy_results(tmp_path / "results", model=GATED)
+    results_copy = copy_results(tmp_path, GATED)
     lay = Layout(results_copy, GATED)
     for name in ("fp16.json", "fp16.tsv"):
         assert (lay.gate_json("fp16").parent / name).is_file()

@@ -1,7 +1,7 @@
 """RWKV-6 fp16 rescale in the Core AI runtime (issue 21): the deep model with a massive channel of
-test_rwkv6_fp16_rescale.py, its fp16 decode function converted (coreai/convert.py: trace, save_functions), lowered for Linux and
-run for 12 tokens: without the rescale the bundle overflows (non-finite logits, NaN states), with
-it (fp16's default) logits and states match the fp32 reference.
+test_rwkv6_fp16_rescale.py, its fp16 decode function converted (coreai/convert.py: trace,
+save_functions), lowered for Linux and run for 12 tokens: without the rescale the bundle overflows
+(non-finite logits, NaN states), with it (fp16's default) logits and states match the fp32 reference.
 """
 
 from __future__ import annotations
