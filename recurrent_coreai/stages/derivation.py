@@ -44,7 +44,7 @@ from recurrent_coreai.pipeline.records import (AOT, EXPORT, SEAL, check_seal, re
                                               unseal_card)
 from recurrent_coreai.stages import card, gate, report
 from recurrent_coreai.util.errors import PipelineError
-from recurrent_coreai.util.fsutil import first_difference, sha256_file, tree_manifest
+from recurrent_coreai.util.fsutil import file_state, first_difference, sha256_file, tree_manifest
 
 TSV_INTS = ("step", "prompt", "pos", "token", "ref_top1", "ref_top2", "engine_top1")
 TSV_BOOLS = ("near_tie", "agree")
@@ -318,8 +318,7 @@ def cmd_args(cmd: str) -> tuple[str, dict[str, list[str]]]:
 def config_in_force(path: str | Path) -> dict:
     """config.load of ``path``, parsed and validated once per process while the file is unchanged
     (the DVC record checks ~100 stages against one config); a copy, so no caller changes another's."""
-    st = os.stat(path)
-    return copy.deepcopy(_loaded(str(path), (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)))
+    return copy.deepcopy(_loaded(str(path), file_state(os.stat(path))))
 
 
 @functools.lru_cache(maxsize=4)

@@ -48,11 +48,18 @@ def remembered_digests() -> Iterator[None]:
         _REMEMBERED = outer
 
 
+def file_state(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What tells a file's bytes unchanged without reading them: device, inode, size, mtime and
+    ctime (every write changes ctime; os.utime cannot set it back). The key of this process's memos
+    of a file's digest or parse."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 def sha256_file(path: str | Path) -> str:
     if _REMEMBERED is None:
         return _sha256_file(path)
     st = os.stat(path)
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    key = file_state(st)
     if key in _REMEMBERED:
         return _REMEMBERED[key]
     now = time.time_ns()
