@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, by_role, bundle_functions, split_prompt
+from recurrent_coreai.util.allocator import keep_freed_memory
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.util.fsutil import require_space
 
@@ -199,6 +200,7 @@ class DecodeSession:
                  function: str | None = None, expected: dict | None = None):
         import coreai.runtime as rt
 
+        keep_freed_memory()  # the runtime's per-call scratch reused, not faulted in again (util/allocator.py)
         self._rt = rt
         self.aimodelx = aimodelx
         self.function = function or by_role(DECODE).name
