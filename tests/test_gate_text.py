@@ -29,7 +29,8 @@ def _weights(seed=0):
 
 
 class ToyRef:
-    """The reference's interface (zero_state, step, bundle_states): s = 0.9 s + E[token]; logits = s W."""
+    """The reference's interface (zero_state, advance, logits, bundle_states): s = 0.9 s + E[token];
+    logits = s W."""
 
     def __init__(self):
         self.emb, self.head = _weights()
@@ -37,9 +38,12 @@ class ToyRef:
     def zero_state(self):
         return {"s": np.zeros(DIM)}
 
-    def step(self, tok, state):
+    def advance(self, tok, state):
         state["s"] = 0.9 * state["s"] + self.emb[tok]
-        return torch.tensor(state["s"] @ self.head, dtype=torch.float64)
+        return state["s"].copy()
+
+    def logits(self, x):
+        return torch.tensor(x @ self.head, dtype=torch.float64)
 
     def bundle_states(self, state):
         return {"toyState": state["s"].astype(np.float32)}

@@ -141,12 +141,13 @@ def compare(ours_logits, ours_state: State, off_logits, off_state: State) -> Com
 
 
 def mutant(old: str, new: str) -> type[Reference]:
-    """A copy of Reference.step with exactly one textual change, as a Reference subclass."""
-    src = textwrap.dedent(inspect.getsource(Reference.step))
-    assert src.count(old) == 1, f"mutation anchor {old!r} not found exactly once in Reference.step"
+    """A copy of Reference.advance (every layer of a step) with exactly one textual change, as a
+    Reference subclass."""
+    src = textwrap.dedent(inspect.getsource(Reference.advance))
+    assert src.count(old) == 1, f"mutation anchor {old!r} not found exactly once in Reference.advance"
     ns: dict = {}
-    exec(compile(src.replace(old, new), "<mutant Reference.step>", "exec"), dict(vars(reference)), ns)
-    return type("MutantReference", (Reference,), {"step": ns["step"]})
+    exec(compile(src.replace(old, new), "<mutant Reference.advance>", "exec"), dict(vars(reference)), ns)
+    return type("MutantReference", (Reference,), {"advance": ns["advance"]})
 
 
 # --- fixtures ----------------------------------------------------------------------------------
@@ -248,7 +249,7 @@ def test_comparison_catches_broken_math(tiny, mutation):
 
 
 def test_unmutated_copy_passes(tiny):
-    """The mutant machinery itself (copy + exec of Reference.step) changes nothing."""
+    """The mutant machinery itself (copy + exec of Reference.advance) changes nothing."""
     case = tiny
     cls = mutant("o = o + bonus.reshape(-1)", "o = o + bonus.reshape(-1)")
     logits, state = cls(case["sd"], case["g"], torch.float32).run(case["tokens"])

@@ -502,10 +502,13 @@ class Reference(base.Reference):
     def layer(self, i: int, x: "torch.Tensor", state: dict) -> "torch.Tensor":
         """The residual stream after layer ``i``; the layer's slices of ``state`` updated in place."""
 
-    def step(self, token: int, state: dict) -> "torch.Tensor":
+    def advance(self, token: int, state: dict) -> "torch.Tensor":
         x = self.w["backbone.embeddings.weight"][int(token)]
         for i in range(self.g.layers):
             x = self.layer(i, x, state)
+        return x
+
+    def logits(self, x: "torch.Tensor") -> "torch.Tensor":
         return self.w["lm_head.weight"] @ rms_norm(x, self.w["backbone.norm_f.weight"], self.g.norm_eps)
 
     def bundle_states(self, state: dict) -> dict:

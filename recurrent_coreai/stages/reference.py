@@ -89,10 +89,10 @@ def text_stream(ref, tokens: np.ndarray, chunk: int, horizons: list[int]) -> dic
     state = ref.zero_state()
     logit_pos, logits, states = [], [], {}
     for p, tok in enumerate(tokens):
-        out = ref.step(int(tok), state)
+        x = ref.advance(int(tok), state)  # the head (most of a step at a large vocabulary) only where scored
         if p in want:
             logit_pos.append(p)
-            logits.append(out.numpy().astype(np.float32))
+            logits.append(ref.logits(x).numpy().astype(np.float32))
         if p + 1 in at_horizon:
             for name, arr in ref.bundle_states(state).items():
                 states.setdefault(name, []).append(arr)

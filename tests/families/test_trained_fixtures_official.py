@@ -225,7 +225,7 @@ def test_reference_matches_official_on_heldout_text(name, official):
 # --- broken copies of the reference (the families' own official tests' helpers) ------------------------
 # Each table maps a breakage's name to build(weights, geometry, monkeypatch) -> a broken fp32 reference.
 def _rwkv7_broken():
-    from test_reference_vs_official import MUTATIONS, mutant   # textual mutants of Reference.step
+    from test_reference_vs_official import MUTATIONS, mutant   # textual mutants of Reference.advance
 
     return {what: (lambda w, g, mp, old=old, new=new: mutant(old, new)(w, g, torch.float32))
             for what, (old, new) in MUTATIONS.items()}

@@ -65,10 +65,13 @@ class Reference(base.Reference):
         return x + w[p + "mlp.down_proj.weight"] @ (F.silu(w[p + "mlp.gate_proj.weight"] @ m)
                                                    * (w[p + "mlp.up_proj.weight"] @ m))
 
-    def step(self, token: int, state: dict) -> torch.Tensor:
+    def advance(self, token: int, state: dict) -> torch.Tensor:
         x = self.w["model.embeddings.weight"][int(token)]
         for i in range(self.g.layers):
             x = self.layer(i, x, state)
+        return x
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.w["lm_head.weight"] @ rms_norm(x, self.w["model.norm.weight"], self.g.norm_eps)
 
     def bundle_states(self, state: dict) -> dict[str, np.ndarray]:

@@ -73,7 +73,7 @@ class Reference(base.Reference):
         return out, kv + w[:, None] * S
 
     @torch.no_grad()
-    def step(self, token: int, state: State) -> torch.Tensor:
+    def advance(self, token: int, state: State) -> torch.Tensor:
         g, w = self.g, self.w
         H, N = g.heads, g.head_dim
         x = w["rwkv.embeddings.weight"][token]
@@ -115,8 +115,11 @@ class Reference(base.Reference):
             xr = h2 + sx * w[f + "time_maa_r"].reshape(-1)
             kk = torch.relu(w[f + "key.weight"] @ xk) ** 2
             x = x + torch.sigmoid(w[f + "receptance.weight"] @ xr) * (w[f + "value.weight"] @ kk)
-        x = self._ln(x, "rwkv.ln_out")
-        return w["head.weight"] @ x
+        return x
+
+    @torch.no_grad()
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w["head.weight"] @ self._ln(x, "rwkv.ln_out")
 
 
 assert MAA[0] == "x"  # time_maa_x is the one mixer without a LoRA

@@ -44,8 +44,8 @@ class Reference(base.Reference):
         return self.w[name + ".weight"] @ x
 
     @torch.no_grad()
-    def step(self, token: int, state: State) -> torch.Tensor:
-        """Logits [V] for one token; ``state`` is updated in place."""
+    def advance(self, token: int, state: State) -> torch.Tensor:
+        """The residual stream after every layer for one token; ``state`` is updated in place."""
         g, w = self.g, self.w
         H, N = g.heads, g.head_dim
         x = w["model.embeddings.weight"][token]
@@ -100,8 +100,11 @@ class Reference(base.Reference):
             state.ffn_shift[i] = h
             kx = h + d * w[p + "ffn.x_k"]
             x = x + self._lin(p + "ffn.value", torch.relu(self._lin(p + "ffn.key", kx)) ** 2)
-        x = self._ln(x, "model.norm")
-        return w["lm_head.weight"] @ x
+        return x
+
+    @torch.no_grad()
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w["lm_head.weight"] @ self._ln(x, "model.norm")
 
     def bundle_states(self, state: State) -> dict[str, np.ndarray]:
         """The state in the bundle's layout: recState [L,1,H,K,V], shiftState [L,1,2,C] (float32)."""
