@@ -96,12 +96,30 @@ def sealed_text(record: dict, stage: str) -> str:
     return dumps_json({**body, SEAL: seal})
 
 
+_SEAL_MEMO: dict[tuple[bytes, bytes | None], str | None] = {}  # (sha256 of the bytes, key) -> seal_problem
+_SEAL_MEMO_MAX = 4096
+
+
 def seal_problem(data: bytes, record: object) -> str | None:
-    """Why ``data`` (parsed: ``record``) is not a record its stage sealed, or None when it is (with
-    the records' key set: sealed under that key)."""
+    """Why ``data`` (parsed: ``record``, i.e. ``json.loads(data)``) is not a record its stage
+    sealed, or None when it is (with the records' key set: sealed under that key). The answer is a
+    function of the bytes and the key alone, so it is remembered per process: a recording checks
+    the same gate record once per stage that reads it, and re-encoding a large record (json's
+    indented encoder is pure Python) was most of a check."""
+    from recurrent_coreai.util.env import record_key
+
+    memo = (hashlib.sha256(data).digest(), record_key())
+    if memo not in _SEAL_MEMO:
+        if len(_SEAL_MEMO) >= _SEAL_MEMO_MAX:
+            _SEAL_MEMO.clear()
+        _SEAL_MEMO[memo] = _seal_problem(data, record, memo[1])
+    return _SEAL_MEMO[memo]
+
+
+def _seal_problem(data: bytes, record: object, key: bytes | None) -> str | None:
     import hmac
 
-    from recurrent_coreai.util.env import RECORD_KEY_VAR, record_key
+    from recurrent_coreai.util.env import RECORD_KEY_VAR
 
     if not isinstance(record, dict) or not isinstance(record.get(SEAL), dict):
         return ": it carries no digest from its stage (written before the integrity chain, or edited)"
@@ -111,7 +129,6 @@ def seal_problem(data: bytes, record: object) -> str | None:
         return ""
     if data != dumps_json(record).encode():
         return " (its bytes were rewritten)"
-    key = record_key()
     if key and not hmac.compare_digest(str(record[SEAL].get("hmac", "")),
                                        _mac(key, text, str(record[SEAL].get("stage", "")))):
         return (f": its MAC is not one made with {RECORD_KEY_VAR} (sealed without that key, with another one, "
