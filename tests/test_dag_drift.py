@@ -53,10 +53,14 @@ def test_metrics_and_plots_and_params(repo_root):
 
 
 def _index_from(jobs, cfg):
-    return {dag.stage_name(j): {"cmd": j["cmd"],
-                                "deps": sorted(set(j["deps"] + dag.code_files(j["rule"], dag.family_of(j, cfg),
-                                                                         dag.tokenizer_of(j, cfg)))),
-                                "outs": sorted(j["outs"])} for j in jobs if j["cmd"]}
+    """What DVC would parse from a dvc.yaml in agreement with ``jobs``: each job's inputs and its
+    code set's file (pipeline/code_groups.py), and the `code` stage that writes those."""
+    from recurrent_coreai.pipeline import code_groups
+
+    index = {dag.stage_name(j): {"cmd": j["cmd"],
+                                 "deps": sorted({*j["deps"], code_groups.path("results", dag.code_group(j, cfg))}),
+                                 "outs": sorted(j["outs"])} for j in jobs if j["cmd"]}
+    return {code_groups.STAGE: dag.code_stage(jobs, cfg), **index}
 
 
 @pytest.mark.parametrize("damage, needle", [
@@ -66,6 +70,11 @@ def _index_from(jobs, cfg):
      "stage export-rwkv7-tiny-fp16: cmd differs"),
     (lambda ix: ix["gate-rwkv7-tiny-fp32"]["deps"].pop(), "stage gate-rwkv7-tiny-fp32: deps"),
     (lambda ix: ix["card-rwkv7-tiny"].__setitem__("outs", ["elsewhere.md"]), "stage card-rwkv7-tiny: outs"),
+    (lambda ix: ix.pop("code"), "stage code (the code each stage runs) is not in dvc.yaml"),
+    (lambda ix: ix["code"]["deps"].remove("recurrent_coreai/families/rwkv7/reference.py"), "stage code: deps differ"),
+    (lambda ix: ix["code"]["outs"].pop(), "stage code: outs differ"),
+    (lambda ix: ix["export-rwkv7-tiny-fp16"]["deps"].remove("results/code/export.rwkv7.md5"),
+     "stage export-rwkv7-tiny-fp16: deps"),
 ])
 def test_drift_is_detected(jobs, damage, needle, cfg):
     index = copy.deepcopy(_index_from(jobs, cfg))

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from recurrent_coreai.pipeline import code_groups
 from recurrent_coreai.tools import status
 from recurrent_coreai.coreai import toolchain
 from recurrent_coreai.pipeline.paths import Layout
@@ -30,17 +31,24 @@ ROW_RULES = ("aot", "card", "doctor", "export", "gate", "gate_shard", "reference
 def dvc_lock(root: Path) -> str:
     """dvc.lock as `dvc commit` writes it for every stage of the tree's dvc.yaml (its code deps,
     hashed by DVC's own code)."""
+    import hashlib
+
     from dvc_data.hashfile.hash import file_md5
 
     md5s = {}
 
     def dep(rel):
         if rel not in md5s:
-            md5s[rel] = {"path": rel, "hash": "md5", "md5": file_md5(str(root / rel)), "size": (root / rel).stat().st_size}
+            if status.is_group_file(rel):  # a code set's file (pipeline/code_groups.py) as the `code` stage writes it
+                data = code_groups.text(Path(rel).name.removesuffix(code_groups.SUFFIX), root).encode()
+                md5s[rel] = {"path": rel, "hash": "md5", "md5": hashlib.md5(data).hexdigest(), "size": len(data)}
+            else:
+                md5s[rel] = {"path": rel, "hash": "md5", "md5": file_md5(str(root / rel)), "size": (root / rel).stat().st_size}
         return dict(md5s[rel])  # a copy: shared dicts would be dumped as YAML aliases
 
     stages = yaml.load((root / "dvc.yaml").read_text(), Loader=yaml.CSafeLoader)["stages"]  # libyaml: ~1 s less a test
-    lock = {name: {"cmd": st["cmd"], "deps": [dep(rel) for rel in st.get("deps", []) if rel.startswith(status.CODE_DIRS)]}
+    lock = {name: {"cmd": st["cmd"], "deps": [dep(rel) for rel in st.get("deps", [])
+                                              if rel.startswith(status.CODE_DIRS) or status.is_group_file(rel)]}
             for name, st in stages.items()}
     return yaml.dump({"schema": "2.0", "stages": lock}, Dumper=yaml.CSafeDumper, sort_keys=False)
 
@@ -81,6 +89,9 @@ def tree(tmp_path, repo_root, monkeypatch):
                                                              "counted": 40, "max_abs_dlogits": 1.5})
     put(lay.publish / "publish.json", {"gates": {"fp32": {"pass": True}}, "push": {"pushed": True, "commit": COMMIT}})
     (root / "dvc.lock").write_text(pristine_lock(repo_root))
+    code = yaml.load((root / "dvc.yaml").read_text(), Loader=yaml.CSafeLoader)["stages"][code_groups.STAGE]["outs"]
+    code_groups.write(root / "results" / code_groups.FOLDER, [Path(o).name.removesuffix(code_groups.SUFFIX) for o in code],
+                      root)
     monkeypatch.chdir(root)
     return root
 
@@ -156,7 +167,8 @@ def test_a_rows_stages_are_found_in_dvc_yaml(tree):
     assert aots and got == aots | {"toolchain", "source-rwkv7-tiny", "vocab-rwkv7-tiny", "reference-rwkv7-tiny",
                                    "export-rwkv7-tiny-fp32", "gate-rwkv7-tiny-fp32", "gate_shard-rwkv7-tiny-fp32-0",
                                    "doctor-rwkv7-tiny-fp32",
-                                   "card-rwkv7-tiny", "stage_and_push-rwkv7-tiny"}
+                                   "card-rwkv7-tiny", "stage_and_push-rwkv7-tiny",
+                                   "code"}  # it writes the code set files the row's stages depend on
     assert status.row_stages(graph, "results/rwkv7-tiny/export/int8", str(lay.gate_json("int8")), str(lay.publish)) is None
 
 

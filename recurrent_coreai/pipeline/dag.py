@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 from recurrent_coreai.pipeline.config import DEFAULT_FILE, stage_keys
-from recurrent_coreai.pipeline.fingerprint import code_files
+from recurrent_coreai.pipeline import code_groups
 from recurrent_coreai.util.errors import PipelineError
 
 def snakemake_jobs(workdir: str | Path = ".", target: str = "publish", *, forceall: bool = True,
@@ -100,16 +100,32 @@ def param_keys(rule: str, wildcards: dict, cfg: dict) -> list[str]:
     return sorted(keys)
 
 
+def code_group(job: dict, cfg: dict) -> str:
+    """The job's code set (pipeline/code_groups.py)."""
+    return code_groups.group(job["rule"], family_of(job, cfg), tokenizer_of(job, cfg))
+
+
+def code_stage(jobs: list[dict], cfg: dict) -> dict:
+    """dvc.yaml's ``code`` stage for ``jobs``: every code file they run in, one group file per code
+    set out (pipeline/code_groups.py; Snakemake hashes the same code through ``params: code``)."""
+    results = str(cfg.get("results", "results"))
+    names = sorted({code_group(j, cfg) for j in jobs if j["cmd"] is not None})
+    deps = sorted({f for name in names for f in code_groups.files(name)} | set(code_groups.own_files()))
+    out = code_groups.path(results, "").rsplit("/", 1)[0]
+    return {"cmd": f"python {code_groups.SCRIPT} --out {out} {' '.join(names)}", "deps": deps,
+            "outs": [code_groups.path(results, name) for name in names]}
+
+
 def dvc_stages(jobs: list[dict], cfg: dict) -> dict:
-    stages = {}
+    stages = {code_groups.STAGE: code_stage(jobs, cfg)}
+    results = str(cfg.get("results", "results"))
     for job in jobs:
         if job["cmd"] is None:  # the aggregate `publish` rule runs nothing
             continue
         w = job["wildcards"]
-        stage = {"cmd": " ".join(job["cmd"].split()), "deps": list(job["deps"])}
-        # Snakemake sees the same through params: code
-        stage["deps"] += [f for f in code_files(job["rule"], family_of(job, cfg), tokenizer_of(job, cfg))
-                          if f not in stage["deps"]]
+        # the code it runs, as its code set's file (Snakemake sees the same through params: code)
+        stage = {"cmd": " ".join(job["cmd"].split()),
+                 "deps": [*job["deps"], code_groups.path(results, code_group(job, cfg))]}
         params = param_keys(job["rule"], w, cfg)
         if params:
             stage["params"] = [{DEFAULT_FILE: params}]
@@ -162,18 +178,29 @@ def tokenizer_of(job: dict, cfg: dict) -> str | None:
 
 
 def drift(jobs: list[dict], index: dict[str, dict], cfg: dict) -> list[str]:
-    """Differences between Snakemake's jobs and DVC's stages (empty = in agreement)."""
+    """Differences between Snakemake's jobs and DVC's stages (empty = in agreement); dvc.yaml's
+    ``code`` stage, which no Snakemake job is, against :func:`code_stage` of the jobs."""
     problems = []
     want = {stage_name(j): j for j in jobs if j["cmd"] is not None}
+    results = str(cfg.get("results", "results"))
+    code = code_stage(jobs, cfg)
+    if code_groups.STAGE not in index:
+        problems.append(f"stage {code_groups.STAGE} (the code each stage runs) is not in dvc.yaml")
+    else:
+        st = index[code_groups.STAGE]
+        for key in ("cmd", "deps", "outs"):
+            ours, theirs = code[key], st[key]
+            if (" ".join(ours.split()) != " ".join(str(theirs).split())) if key == "cmd" else sorted(ours) != sorted(theirs):
+                problems.append(f"stage {code_groups.STAGE}: {key} differ from the code the Snakefile's jobs run")
     for name in sorted(set(want) - set(index)):
         problems.append(f"stage {name} is in the Snakefile but not in dvc.yaml")
-    for name in sorted(set(index) - set(want)):
+    for name in sorted(set(index) - set(want) - {code_groups.STAGE}):
         problems.append(f"stage {name} is in dvc.yaml but not in the Snakefile")
     for name in sorted(set(want) & set(index)):
         job, st = want[name], index[name]
         if " ".join(job["cmd"].split()) != " ".join(str(st["cmd"]).split()):
             problems.append(f"stage {name}: cmd differs")
-        deps = sorted(set(job["deps"] + code_files(job["rule"], family_of(job, cfg), tokenizer_of(job, cfg))))
+        deps = sorted(set(job["deps"] + [code_groups.path(results, code_group(job, cfg))]))
         if deps != sorted(st["deps"]):
             problems.append(f"stage {name}: deps {st['deps']} != inputs {deps}")
         if sorted(job["outs"]) != st["outs"]:

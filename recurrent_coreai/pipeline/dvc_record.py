@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from recurrent_coreai.pipeline import code_groups
 from recurrent_coreai.pipeline import config as cfgmod
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.pipeline.paths import STATE_DIR
@@ -58,6 +59,19 @@ def unverified(stages: dict, names: list[str], derived: Callable[[dict], None] |
         except PipelineError as exc:
             bad[name] = exc
     return bad
+
+
+def write_code_groups(stages: dict) -> bool:
+    """The ``code`` stage's group files (pipeline/code_groups.py) as the checkout's code makes them,
+    written where one is missing or differs (Snakemake does not make them: its rules hash the same
+    code); whether they were written."""
+    st = stages.get(code_groups.STAGE)
+    if st is None:
+        return False
+    outs = [Path(o) for o in st.get("outs", [])]
+    if not outs:
+        return False
+    return code_groups.write(outs[0].parent, [o.name.removesuffix(code_groups.SUFFIX) for o in outs])
 
 
 def _say(line: str) -> None:
@@ -153,7 +167,10 @@ def main(argv: list[str] | None = None, derived: Callable[[dict], None] | None =
         Path("dvc.yaml").write_text(text)
         _say("dvc.yaml regenerated from the Snakefile's DAG (commit it)")
     stages = load_yaml_file(Path("dvc.yaml"), DVC_YAML_FIX)["stages"]  # libyaml, as everything else reads it
-    names = executed_stages(stages, ns.since)
+    wrote_code = write_code_groups(stages)
+    names = executed_stages({n: st for n, st in stages.items() if n != code_groups.STAGE}, ns.since)
+    if code_groups.STAGE in stages and (names or wrote_code):  # the code the recorded stages ran, recorded beside
+        names.insert(0, code_groups.STAGE)
     with remembered_digests():  # each output hashed once for every stage that checks it
         refused = unverified(stages, names, derived)
     for name, exc in refused.items():

@@ -138,7 +138,8 @@ def family_modules(family: str) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def _file_of(module: str) -> str:
+def module_file(module: str) -> str:
+    """The repository-relative file of a dotted module below the package."""
     return _path(module).relative_to(ROOT).as_posix()
 
 
@@ -159,7 +160,7 @@ def code_files(rule: str, family: str | None = None, tokenizer: str | None = Non
         files |= {p.relative_to(ROOT).as_posix() for p in folder.rglob("*") if p.is_file()
                   and "__pycache__" not in p.parts}
     for m in mods:
-        files.add(_file_of(m))
+        files.add(module_file(m))
         folder = _path(m).parent
         for pattern in DATA.get(m, ()):
             files |= {p.relative_to(ROOT).as_posix() for p in folder.glob(pattern)}

@@ -38,6 +38,7 @@ import tempfile
 from pathlib import Path
 
 from recurrent_coreai import families, tokenizers
+from recurrent_coreai.pipeline import code_groups
 from recurrent_coreai.pipeline import config as cfgmod
 from recurrent_coreai.pipeline.records import (AOT, EXPORT, SEAL, check_seal, read_aot, read_card, read_export,
                                               read_gate, read_gate_tsv, read_report, read_vocab, rerun_fix,
@@ -266,6 +267,16 @@ def check_doctor(path: Path, family: str, source: Path, export_dir: Path) -> dic
     return recorded
 
 
+# --- the code each stage ran ------------------------------------------------------------------------
+def check_code_groups(out_dir: Path, names: list[str]) -> None:
+    """The ``code`` stage's group files are the md5s of the code in the checkout (pipeline/code_groups.py)."""
+    bad = code_groups.stale(out_dir, names)
+    if bad:
+        raise PipelineError(Path(out_dir) / f"{bad[0]}{code_groups.SUFFIX}", "is not the md5 list of its code set's "
+                            "files now (the code changed while it was recorded, or the file was edited)",
+                            f"write it again: dvc repro {code_groups.STAGE}")
+
+
 # --- what publish reads, what DVC records ----------------------------------------------------------
 def check_publish_inputs(model: str, settings: dict, source: Path, card_path: Path, vocab: Path, toolchain: Path,
                          exports: list[Path], gates: list[Path], aots: list[Path], reference: Path | None,
@@ -331,7 +342,9 @@ def check_stage(stage: dict) -> None:
     each derived record among its outs against the inputs its command names."""
     script, a = cmd_args(stage.get("cmd", ""))
     one = {k: v[0] for k, v in a.items() if v}
-    if script == "export":
+    if script == "code_groups":
+        check_code_groups(Path(one["out"]), [Path(o).name.removesuffix(code_groups.SUFFIX) for o in stage.get("outs", [])])
+    elif script == "export":
         check_export(Path(one["out"]))
     elif script == "aot":
         check_aot(Path(one["out"]), Path(one["export"]))

@@ -11,11 +11,14 @@ stale -- read from the records in ``results/``, from ``dvc.yaml`` (which stages)
 * stale: what changed since the build. ``config: gate (<keys>)``: the gate JSON records other gate
   settings (thresholds, near-tie epsilon, prompts) than the config in force gives its model and
   recipe, so its verdict is not this config's (publish would refuse it); ``toolchain``: an
-  installed version differs from ``results/toolchain.json``; ``code: <rule>``: a code file that ``dvc.lock`` records for a
-  stage the row depends on (the files of fingerprint.code_files, which Snakemake's ``params:
-  code`` hashes) has another md5 now, or is gone. A stage that starts importing another module
-  must change one of its recorded files to do so, so the recorded md5s cover the file set too
-  (re-deriving fingerprint.code_files would parse every module, ~1.5 s).
+  installed version differs from ``results/toolchain.json``; ``code: <rule>``: the code a stage
+  the row depends on ran has changed since ``dvc.lock`` recorded it: the stage's code set file
+  (``results/code/<group>.md5``, pipeline/code_groups.py: the files of fingerprint.code_files,
+  which Snakemake's ``params: code`` hashes) has another md5 now or is gone, or a file it lists
+  has another md5 than it lists. A stage that starts importing another module must change one of
+  its listed files to do so, so the listed md5s cover the file set too (re-deriving
+  fingerprint.code_files would parse every module, ~1.5 s). A dvc.lock of before the code sets,
+  whose stages list their code files themselves, is read the same way.
 
 The stages a row depends on come from the committed ``dvc.yaml`` -- the project's one job
 listing (pipeline/dag.py generates it from Snakemake's DAG) -- read as a graph of deps and outs
@@ -53,7 +56,7 @@ from pathlib import Path
 
 from recurrent_coreai.tools.one_line_parser import OneLineParser
 from recurrent_coreai.pipeline import config as cfgmod
-from recurrent_coreai.pipeline import dag, records
+from recurrent_coreai.pipeline import code_groups, dag, records
 from recurrent_coreai.coreai import toolchain
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.pipeline.fingerprint import ROOT
@@ -146,8 +149,14 @@ def read_lock(path: Path) -> dict[str, dict[str, str]] | None:
         deps = st.get("deps", []) if isinstance(st, dict) else None
         if not isinstance(deps, list) or not all(isinstance(d, dict) and isinstance(d.get("path"), str) for d in deps):
             raise PipelineError(path, f"stage {name!r} is not as DVC writes it (deps without a path)", LOCK_FIX)
-        out[name] = {d["path"]: d.get("md5") for d in deps if d["path"].startswith(CODE_DIRS)}
+        out[name] = {d["path"]: d.get("md5") for d in deps if d["path"].startswith(CODE_DIRS) or is_group_file(d["path"])}
     return out
+
+
+def is_group_file(rel: str) -> bool:
+    """A code set's file (pipeline/code_groups.py: ``<results>/code/<group>.md5``), a stage's dep for its code."""
+    p = posixpath.split(rel)
+    return p[1].endswith(code_groups.SUFFIX) and posixpath.basename(p[0]) == code_groups.FOLDER
 
 
 def toolchain_changes(built: dict | None) -> list[str]:
@@ -172,11 +181,20 @@ class CodeCheck:
         return self._md5[rel]
 
     def changed(self, stage: str) -> bool | None:
-        """True if a code file of the stage changed, None if dvc.lock does not record the stage."""
+        """True if a code file of the stage changed, None if dvc.lock does not record the stage. A
+        stage records its code set's file (pipeline/code_groups.py): written again since (another
+        md5, or gone), its code changed; else each file it lists is compared with its md5 there."""
         recorded = self.lock.get(stage)
         if recorded is None:
             return None
-        return any(self.md5(rel) != md5 for rel, md5 in recorded.items())
+        return any(self.md5(rel) != md5 or (is_group_file(rel) and self.group_changed(rel)) for rel, md5 in recorded.items())
+
+    def group_changed(self, rel: str) -> bool:
+        try:
+            listed = code_groups.recorded_md5s((self.root / rel).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            return True
+        return any(self.md5(code) != md5 for code, md5 in listed.items())
 
 
 def row_stages(graph: dag.StageGraph, export: str, gate: str, publish: str,
@@ -270,7 +288,8 @@ def _stale(stages: set[str] | str, tool: list[str], code: CodeCheck | str | None
     elif code is None or isinstance(code, str):
         reasons.append(f"unknown: {code or 'no dvc.lock'}")
     else:
-        checks = {stage: code.changed(stage) for stage in stages}
+        # not the `code` stage itself: it lists every stage's code; each stage's own code set file says what it ran
+        checks = {stage: code.changed(stage) for stage in stages if stage != code_groups.STAGE}
         changed = sorted({dag.stage_rule(stage) for stage, c in checks.items() if c})
         unrecorded = sorted({dag.stage_rule(stage) for stage, c in checks.items() if c is None})
         reasons += [f"code: {', '.join(changed)}"] if changed else []
