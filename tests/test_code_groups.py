@@ -53,7 +53,9 @@ def test_the_code_stage_depends_on_every_code_file_and_its_own(stages):
     assert sorted(code["deps"]) == sorted(every | set(code_groups.own_files()))
     assert {"scripts/code_groups.py", "recurrent_coreai/pipeline/code_groups.py",
             "recurrent_coreai/pipeline/fingerprint.py"} <= set(code["deps"])
-    assert code["cmd"] == f"python scripts/code_groups.py --out results/code {' '.join(_groups(stages))}"
+    assert code["cmd"] == f"python scripts/code_groups.py --config-file config.yaml --out results/code " \
+                          f"{' '.join(_groups(stages))}"
+    assert code["params"] == [{"config.yaml": ["results"]}]  # DVC reads config.yaml before it runs this stage
 
 
 def test_group_names_round_trip_and_bad_ones_are_refused():

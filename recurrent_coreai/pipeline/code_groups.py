@@ -27,6 +27,7 @@ import argparse
 import hashlib
 from pathlib import Path
 
+from recurrent_coreai.util.errors import main_guard
 from recurrent_coreai.pipeline.fingerprint import FAMILY_RULES, ROOT, TOKENIZER_RULES, code_files, module_closure, module_file
 
 SCRIPT = "scripts/code_groups.py"
@@ -118,12 +119,22 @@ def stale(out_dir: Path, names: list[str], root: Path = ROOT) -> list[str]:
     return bad
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
+    """The ``code`` stage's command. Like every stage it validates the whole config first: as the
+    first stage `dvc repro` runs, it is the one a bad config.yaml stops, in one line, before
+    anything is written."""
+    from recurrent_coreai.pipeline import config as cfgmod
+
     ap = argparse.ArgumentParser(prog="scripts/code_groups.py",
                                  description="write the code group files of dvc.yaml's `code` stage")
+    ap.add_argument("--config-file", default=cfgmod.DEFAULT_FILE)
     ap.add_argument("--out", type=Path, required=True, help="the folder (results/code)")
     ap.add_argument("groups", nargs="+", help="group names: rule[.family[.tokenizer kind]]")
     ns = ap.parse_args(argv)
+    cfgmod.load(ns.config_file)
+    for name in ns.groups:
+        parse(name)
     write(ns.out, ns.groups)
     return 0
 

@@ -112,8 +112,12 @@ def code_stage(jobs: list[dict], cfg: dict) -> dict:
     names = sorted({code_group(j, cfg) for j in jobs if j["cmd"] is not None})
     deps = sorted({f for name in names for f in code_groups.files(name)} | set(code_groups.own_files()))
     out = code_groups.path(results, "").rsplit("/", 1)[0]
-    return {"cmd": f"python {code_groups.SCRIPT} --out {out} {' '.join(names)}", "deps": deps,
-            "outs": [code_groups.path(results, name) for name in names]}
+    stage = {"cmd": f"python {code_groups.SCRIPT} --config-file {DEFAULT_FILE} --out {out} {' '.join(names)}",
+             "deps": deps}
+    if _present(cfg, ("results",)):  # where it writes; and DVC reads config.yaml before it runs anything
+        stage["params"] = [{DEFAULT_FILE: ["results"]}]
+    stage["outs"] = [code_groups.path(results, name) for name in names]
+    return stage
 
 
 def dvc_stages(jobs: list[dict], cfg: dict) -> dict:
