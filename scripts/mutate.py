@@ -173,7 +173,11 @@ def setup_cfg(target: Target, copy: Path) -> str:
 
 
 def mutmut(args: list[str], copy: Path, lib: Path, **kw) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(lib), PYTEST_WORKERS="0", RECURRENT_COREAI_PROGRESS="0")
+    # mutmut forks each mutant's run from a process that has imported torch: with an OpenMP pool there
+    # the child deadlocks in its first parallel torch op (futex wait, no CPU: what looked like mutmut's
+    # CPU limit on tokenizers/fit.py, whose tests build synthetic checkpoints). One thread: no pool.
+    env = dict(os.environ, PYTHONPATH=str(lib), PYTEST_WORKERS="0", RECURRENT_COREAI_PROGRESS="0",
+               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     return subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=copy, env=env, text=True, **kw)
 
