@@ -2,7 +2,8 @@
 """int8 weight error per quantisation role, any family, in its fp32 reference (no Core AI).
 
     OMP_NUM_THREADS=1 python bench/bench_role_error.py --family gdn \
-        [--shape '{"layers": 4, "hidden": 256, ...}'] [--tokens 100] [--seed 0] [--json PATH]
+        [--shape '{"layers": 4, "hidden": 256, ...}' | --checkpoint PATH] [--text FILE] [--tokens 100]
+        [--seed 0] [--json PATH]
 
 Each role of the family (``Family.roles``: lm_head, mlp, mixer_output, state_inputs) is quantised
 alone -- int8, per block of 32 along the input axis, symmetric (scale = max|w|/127, round to
@@ -11,6 +12,9 @@ token stream (seed 1): max|dlogits| and top-1 flips against the unquantised fp32
 also counted only where the reference's top-2 margin clears 0.1, the gate's near-tie epsilon).
 Without ``--shape``: the family's ``tiny_shape`` widened to 4 layers where it has the key. A tied
 head (``Family.tied_linears``) is reported but a recipe's roles keep it unquantised.
+``--checkpoint``: a trained model's file or folder instead (read by the project's checkpoint reader,
+e.g. fixtures/trained/mamba1); ``--text``: the first ``--tokens`` bytes of a text file as the token
+stream (byte-level models: id = byte value) instead of pseudo-random ids.
 """
 
 from __future__ import annotations
@@ -43,16 +47,27 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", required=True)
     ap.add_argument("--shape", type=json.loads, default=None)
+    ap.add_argument("--checkpoint", type=Path, default=None, help="a trained model instead of synthetic weights")
+    ap.add_argument("--text", type=Path, default=None, help="the token stream: this file's first bytes")
     ap.add_argument("--tokens", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     ns = ap.parse_args(argv)
     torch.set_num_threads(1)
     fam = families.get(ns.family)
-    shape = ns.shape or {**fam.tiny_shape, **({"layers": 4} if "layers" in fam.tiny_shape else {})}
-    g = fam.geometry_from_shape(shape, "--shape")
-    sd = dict(fam.synthetic_tensors(g, ns.seed))
-    ids = torch.randint(0, g.vocab, (ns.tokens,), generator=torch.Generator().manual_seed(1)).tolist()
+    if ns.checkpoint is not None:
+        from recurrent_coreai.checkpoints.reader import load_checkpoint
+
+        g, sd = load_checkpoint(ns.checkpoint, family=fam)
+        sd, shape = dict(sd), str(ns.checkpoint)
+    else:
+        shape = ns.shape or {**fam.tiny_shape, **({"layers": 4} if "layers" in fam.tiny_shape else {})}
+        g = fam.geometry_from_shape(shape, "--shape")
+        sd = dict(fam.synthetic_tensors(g, ns.seed))
+    if ns.text is not None:
+        ids = list(ns.text.read_bytes()[: ns.tokens])
+    else:
+        ids = torch.randint(0, g.vocab, (ns.tokens,), generator=torch.Generator().manual_seed(1)).tolist()
     base, _ = fam.reference(sd, g).run(ids)
     top2 = base.topk(2, -1).values
     clear = (top2[:, 0] - top2[:, 1]) > 0.1

@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from recurrent_coreai import families
-from recurrent_coreai.pipeline import resources
+from recurrent_coreai.pipeline import config as cfgmod
+from recurrent_coreai.pipeline import resources, shards
 from recurrent_coreai.pipeline.records import MANIFEST, load_json
 from recurrent_coreai.families.rwkv7.geometry import Geometry
 from repo_copies import SHORT_GATE
@@ -67,6 +68,21 @@ def test_requests_grow_with_the_model_and_with_retries():
     assert resources.estimate("card")["mem_mb"] == resources.FLAT["card"][0]
     with pytest.raises(ValueError, match="no size for rule 'lint'"):
         resources.estimate("lint")  # a new rule gets a size before it gets a `resources:` line
+
+
+def test_the_reference_job_counts_its_text_stream_by_its_form():
+    """A model at or above reference.chunked.from_params runs the text stream chunked: the plan's
+    calls (28 prefill + 256 main at the defaults) plus the check's 128 steps, not 2048 steps."""
+    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
+    text = cfgmod.text_settings(cfg["gate"], cfg["prefill"]["chunk"])
+    small, big = cfg["reference"]["chunked"]["from_params"] - 1, cfg["reference"]["chunked"]["from_params"]
+    assert resources.reference_text_steps(cfg, text, small) == resources.reference_text_steps(cfg, text, None) == 2048
+    chunked = resources.reference_text_steps(cfg, text, big)
+    assert chunked == pytest.approx(28 * shards.prefill_call_cost(64) + 256 + 128)
+    steps = {n: resources.job_needs("reference", cfg, {"model": "rwkv7-1.5b-shape"}, n)["runtime"] for n in (small, big)}
+    assert steps[big] < steps[small]
+    no_chunked = {k: v for k, v in cfg.items() if k != "reference"}
+    assert resources.reference_text_steps(no_chunked, text, big) == 2048
 
 
 def test_a_job_without_its_record_yet_is_to_be_determined(tmp_path, tiny_source):

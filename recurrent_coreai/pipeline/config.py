@@ -361,7 +361,7 @@ STAGE_KEYS: dict[str, list[tuple[str, ...]]] = {
     "vocab": [("models", "{model}", "family"), ("models", "{model}", "tokenizer"), ("models", "{model}", "tokenizer_eos"),
               ("vocab",)],
     "reference": [("models", "{model}", "family"), ("models", "{model}", "tokenizer"), ("gate", "prompts"),
-                  ("gate", "steps"), ("gate", "text"), ("prefill",)],
+                  ("gate", "steps"), ("gate", "text"), ("prefill",), ("reference",)],
     "export": [("models", "{model}", "family"), ("recipes", "{recipe}"), ("models", "{model}", "dir"),
                ("models", "{model}", "shipped"), ("prefill", "chunk")],
     "aot": [("targets", "{target}"), ("aot",), ("models", "{model}", "dir"), ("models", "{model}", "shipped")],

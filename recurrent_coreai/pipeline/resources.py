@@ -118,6 +118,19 @@ def estimate(rule: str, params: int | None = None, dtype: str = "float32", steps
             "cpus_per_task": cpus_for(params)}
 
 
+def reference_text_steps(config: dict, text: dict, params: int | None) -> float:
+    """The reference stage's text stream in model steps: one per token, or, for a model of at
+    least ``reference.chunked.from_params`` parameters (stages/text_chunked.py), its chunked form's
+    calls (the plan's prefill calls at :func:`shards.prefill_call_cost`, its main calls at 1) plus
+    the check's steps over the first horizon. An hf checkpoint's size is not known when Snakemake
+    plans (``params`` None): token by token, the longer."""
+    chunked = config.get("reference", {}).get("chunked")
+    if chunked is None or params is None or params < chunked["from_params"]:
+        return text["tokens"]
+    chunk = config["prefill"]["chunk"]
+    return shards.text_check_cost((text["tokens"], text["horizons"]), chunk) + text["horizons"][0]
+
+
 def job_needs(rule: str, config: dict, wildcards: dict, params: int | None, attempt: int = 1,
               threads: int = 1) -> dict:
     """``{mem_mb, runtime, cpus_per_task}`` of one job of ``rule`` with these ``wildcards``, for a
@@ -128,7 +141,7 @@ def job_needs(rule: str, config: dict, wildcards: dict, params: int | None, atte
     steps = config["gate"]["steps"]
     if rule == "reference":  # one model step per token of every stream: the prompts, prefill and text
         text = cfgmod.text_settings(config["gate"], config["prefill"]["chunk"])
-        steps += cfgmod.prefill_length(config["prefill"]) + (text["tokens"] if text else 0)
+        steps += cfgmod.prefill_length(config["prefill"]) + (reference_text_steps(config, text, params) if text else 0)
     if rule == "gate_shard":
         lengths, tokens, chunk, text = gate_plan_shape(config, wildcards["model"], wildcards["recipe"])
         steps = math.ceil(shards.critical_cost(lengths, tokens, chunk, gate_shards(config, wildcards["model"],

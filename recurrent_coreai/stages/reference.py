@@ -30,6 +30,7 @@ from recurrent_coreai.coreai.entrypoints import split_prompt, text_logit_positio
 from recurrent_coreai.pipeline import stage
 from recurrent_coreai.pipeline.config import gate_step_count, origin, prefill_length, prompt_budgets, text_settings
 from recurrent_coreai.pipeline.records import PROMPT_TOKENS, STREAM_SEAL, read_manifest, read_vocab, stream_digest
+from recurrent_coreai.stages import text_chunked
 from recurrent_coreai.stages.model_source import family_and_source
 from recurrent_coreai.util.errors import PipelineError, main_guard
 from recurrent_coreai.util.fsutil import atomic_path
@@ -103,11 +104,15 @@ def text_stream(ref, tokens: np.ndarray, chunk: int, horizons: list[int]) -> dic
 
 
 def reference_stream(family, source_dir: Path, tok, prompts: list[str], steps: int,
-                     config_file: str = "config.yaml", prefill: dict | None = None, text: dict | None = None) -> dict:
+                     config_file: str = "config.yaml", prefill: dict | None = None, text: dict | None = None,
+                     chunked: dict | None = None) -> dict:
     """Token streams and fp32 reference outputs; arrays for ``np.savez``. ``family``: the model's
     family; ``tok``: its tokenizer (the chat prompt format is the tokenizer kind's); ``prefill``:
     the config's ``prefill`` section (chunk, gate_tokens), for the prefill stream; ``text``:
-    config.text_settings (the long held-out text stream), None for none."""
+    config.text_settings (the long held-out text stream), None for none; ``chunked``: the config's
+    ``reference.chunked`` (from_params and the check's limits): a model of at least ``from_params``
+    parameters runs the text stream in the family's chunked fp32 form, checked against this
+    reference first (stages/text_chunked.py); None: token by token whatever the size."""
     geom, weights = load_checkpoint(source_dir, family=family)
     ref = family.reference(weights, geom, torch.float32)
     tokens, prompt_idx, positions, logits = [], [], [], []
@@ -131,7 +136,13 @@ def reference_stream(family, source_dir: Path, tok, prompts: list[str], steps: i
     if prefill is not None:
         out.update(prefill_stream(ref, out["tokens"], prefill["chunk"], prefill_length(prefill, config_file)))
     if text is not None:
-        out.update(text_stream(ref, text_tokens(tok, text, config_file), prefill["chunk"], text["horizons"]))
+        toks, chunk, horizons = text_tokens(tok, text, config_file), prefill["chunk"], text["horizons"]
+        if chunked is not None and text_chunked.parameter_count(weights) >= chunked["from_params"]:
+            first = text_stream(ref, toks[:horizons[0]], chunk, horizons[:1])
+            out.update(text_chunked.checked(family, weights, geom, toks, chunk, horizons, chunked, first,
+                                            str(source_dir)))
+        else:
+            out.update(text_stream(ref, toks, chunk, horizons))
     return out
 
 
@@ -165,7 +176,8 @@ def main(argv=None) -> int:
     read_vocab(Path(ns.vocab))  # the bytes the vocab stage recorded
     tok = tokenizers.kind(families.tokenizer_of(s["models"][ns.model])).load(Path(ns.vocab))
     stream = reference_stream(family, source, tok, s["gate"]["prompts"], s["gate"]["steps"],
-                              origin(cfg), s["prefill"], text_settings(s["gate"], s["prefill"]["chunk"], origin(cfg)))
+                              origin(cfg), s["prefill"], text_settings(s["gate"], s["prefill"]["chunk"], origin(cfg)),
+                              s.get("reference", {}).get("chunked"))
     check_finite(stream, read_manifest(source, files=False)["source"]["uri"], s["gate"]["prompts"])
     with atomic_path(ns.out) as tmp:
         with open(tmp, "wb") as fh:

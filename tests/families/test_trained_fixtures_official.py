@@ -9,6 +9,8 @@ never trained on) go one token at a time through
     RWKV_V7_ON=1 (the package reads it at import);
   - RWKV-6: the same package's x060 path, its own process with RWKV_V7_ON unset
     (tests/families/rwkv6_official.py);
+  - Mamba-1 (as Falcon Mamba): transformers' ``FalconMambaForCausalLM.from_pretrained`` (pure-torch
+    path), one token per call with its cache;
   - Mamba-2: transformers' ``Mamba2ForCausalLM.from_pretrained`` (pure-torch path), one token per
     call with its cache;
   - Gated DeltaNet: fla-core 0.6.0's ``naive_recurrent_gated_delta_rule`` (loaded BY PATH, no
@@ -54,7 +56,7 @@ SUBTLE_MIN = {("rwkv7", "g_norm eps"): 2 * TOL}
 UNSEEN = {("rwkv6", "LnXEps")}   # run and printed, asserted only to change the logits at all
 MAX_BPB = 3.5         # the official logits on the held-out bytes (a unigram byte model: ~4.45)
 SOURCES = {"rwkv7": TRAINED / "rwkv7" / "model.pth", "rwkv6": TRAINED / "rwkv6" / "model.pth",
-           "mamba2": TRAINED / "mamba2", "gdn": TRAINED / "gdn"}
+           "mamba1": TRAINED / "mamba1", "mamba2": TRAINED / "mamba2", "gdn": TRAINED / "gdn"}
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -105,13 +107,14 @@ def official_rwkv6(tmp: Path) -> np.ndarray:
     return run_official(SOURCES["rwkv6"], heldout_tokens(), tmp)["logits"]
 
 
-def official_mamba2(tmp: Path) -> np.ndarray:
-    from transformers import Mamba2ForCausalLM
+def official_hf(cls, source: Path) -> np.ndarray:
+    """A transformers model class's logits, one held-out token per call through its own cache."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    model = Mamba2ForCausalLM.from_pretrained(SOURCES["mamba2"], dtype=torch.float32).eval()
+    model = cls.from_pretrained(source, dtype=torch.float32).eval()
+    assert type(model) is cls
     cache, logits = None, []
     with torch.no_grad():
         for t in heldout_tokens():
@@ -119,6 +122,18 @@ def official_mamba2(tmp: Path) -> np.ndarray:
             cache = out.cache
             logits.append(out.logits[0, -1].numpy().copy())
     return np.stack(logits)
+
+
+def official_mamba1(tmp: Path) -> np.ndarray:
+    from transformers import FalconMambaForCausalLM
+
+    return official_hf(FalconMambaForCausalLM, SOURCES["mamba1"])
+
+
+def official_mamba2(tmp: Path) -> np.ndarray:
+    from transformers import Mamba2ForCausalLM
+
+    return official_hf(Mamba2ForCausalLM, SOURCES["mamba2"])
 
 
 def official_gdn(tmp: Path) -> np.ndarray:
@@ -167,7 +182,8 @@ def official_gdn(tmp: Path) -> np.ndarray:
         return (rms(x, w["model.norm.weight"]) @ head.T)[0].numpy()
 
 
-OFFICIAL = {"rwkv7": official_rwkv7, "rwkv6": official_rwkv6, "mamba2": official_mamba2, "gdn": official_gdn}
+OFFICIAL = {"rwkv7": official_rwkv7, "rwkv6": official_rwkv6, "mamba1": official_mamba1, "mamba2": official_mamba2,
+            "gdn": official_gdn}
 
 
 @pytest.fixture(scope="module")
@@ -192,6 +208,8 @@ def our_logits(name: str) -> np.ndarray:
 EXPECTED_GEOMETRY = {
     "rwkv7": dict(layers=2, hidden=128, head_dim=32, vocab=256),
     "rwkv6": dict(layers=2, hidden=128, head_dim=32, vocab=256),
+    "mamba1": dict(layers=4, hidden=128, intermediate=256, d_state=16, dt_rank=12, conv_kernel=4, falcon=True,
+                   tie_embeddings=False, mixer_eps=1e-6, vocab=256),
     "mamba2": dict(layers=4, hidden=128, headdim=32, d_state=32, n_groups=2, vocab=256),
     "gdn": dict(layers=2, hidden=128, heads=2, v_heads=4, head_dim=32, vocab=256),
 }
@@ -245,14 +263,27 @@ def _rwkv6_broken():
             for cls in (DecaySign, NoBonus, LnXEps, ReadAfterDecay)}
 
 
-def _mamba2_broken():
+def _ssm_broken(reference, breaks):
     from ssm_common import broken_reference   # textual copies of the reference module
+
+    return {what: (lambda w, g, mp, old=old, new=new: broken_reference(reference, old, new)(w, g, torch.float32))
+            for what, old, new in breaks}
+
+
+def _mamba1_broken():
+    from test_mamba1_reference import BREAKS
+
+    from recurrent_coreai.families.mamba1 import reference
+
+    return _ssm_broken(reference, BREAKS)
+
+
+def _mamba2_broken():
     from test_mamba2_reference import BREAKS
 
     from recurrent_coreai.families.mamba2 import reference
 
-    return {what: (lambda w, g, mp, old=old, new=new: broken_reference(reference, old, new)(w, g, torch.float32))
-            for what, old, new in BREAKS}
+    return _ssm_broken(reference, BREAKS)
 
 
 def _gdn_broken():
@@ -268,9 +299,12 @@ def _gdn_broken():
     return {what: build(patches) for what, patches in BREAKS.items()}
 
 
-BROKEN = {"rwkv7": _rwkv7_broken, "rwkv6": _rwkv6_broken, "mamba2": _mamba2_broken, "gdn": _gdn_broken}
+BROKEN = {"rwkv7": _rwkv7_broken, "rwkv6": _rwkv6_broken, "mamba1": _mamba1_broken, "mamba2": _mamba2_broken,
+          "gdn": _gdn_broken}
 BROKEN_CASES = [("rwkv7", w) for w in ("bonus dropped", "decay sign", "g_norm eps", "kk term sign")] + \
                [("rwkv6", w) for w in ("DecaySign", "LnXEps", "NoBonus", "ReadAfterDecay")] + \
+               [("mamba1", w) for w in ("softplus dropped", "conv window off by one", "sign of A flipped",
+                                        "Falcon B/C/dt norms dropped", "D skip dropped", "block norm eps -> 1e-2")] + \
                [("mamba2", w) for w in ("D skip dropped", "block norm eps 1e-5 -> 1e-2", "decay sign flipped",
                                         "gated norm eps 1e-5 -> 1e-2", "group broadcast interleaved")] + \
                [("gdn", w) for w in ("beta sigmoid dropped", "conv window shifted by one", "gate sign flipped",
