@@ -76,7 +76,9 @@ def main(argv=None) -> int:
     tied = set(fam.tied_linears(g))
     for role, pattern in fam.roles.items():
         names = [n for n in sd if n.endswith(".weight") and sd[n].dim() == 2
-                 and re.fullmatch(pattern, n.removesuffix(".weight"))]
+                 and re.fullmatch(pattern, n.removesuffix(".weight")) and sd[n].shape[1] % BLOCK == 0]
+        # (a linear whose input width is not a multiple of the block stays unquantised, as the
+        # export keeps it: coreai/quantize.py -- e.g. Mamba-1's dt_proj at dt_rank 12)
         if not names:
             print(f"  {role:13s} matches nothing")
             continue

@@ -45,11 +45,11 @@ def prefill_stream(ref, tokens: np.ndarray, chunk: int, n: int) -> dict:
     state = ref.zero_state()
     logit_pos, logits, state_pos, states = [], [], [], {}
     for p, tok in enumerate(stream):
-        out = ref.step(int(tok), state)
+        x = ref.advance(int(tok), state)  # the head only where the bundle reports logits
         chunk_end = p + 1 <= full and (p + 1) % chunk == 0
         if chunk_end or p >= full:
             logit_pos.append(p)
-            logits.append(out.numpy().astype(np.float32))
+            logits.append(ref.logits(x).numpy().astype(np.float32))
         if chunk_end or p + 1 == n:
             state_pos.append(p + 1)
             for name, arr in ref.bundle_states(state).items():
