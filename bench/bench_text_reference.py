@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -133,6 +134,7 @@ def main() -> int:
                         "prefill_call_s": round(pre_s, 3), "decode_call_s": round(dec_s, 3),
                         "advance_s": round(adv_s, 3), "head_s": round(head_s, 3), "check_max_dlogits": dl, "check_max_rel_dstate": rel},
            "stream": {"tokens": n, "horizons": hz, "prefill_calls": n_pre, "decode_calls": n_dec, "scored": scored},
+           "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
            "estimate_s": {"token_by_token": round(est_steps, 1), "chunked_with_check": round(est_chunked, 1)}}
     print(json.dumps(out, indent=2))
     if args.json:
