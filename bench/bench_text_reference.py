@@ -78,7 +78,7 @@ def main() -> int:
     t = time.perf_counter()
     weights = dict(fam.synthetic_tensors(geom, int(entry["source"]["seed"])))
     synth_s = time.perf_counter() - t
-    params = text_chunked.parameter_count(weights)
+    params = fam.parameter_count(geom)
     print(f"{args.model}: {params:,} parameters, synthetic weights in {synth_s:.0f} s", flush=True)
     toks = np.frombuffer((ROOT / text["file"]).read_bytes()[: args.tokens], np.uint8).astype(np.int64)
     horizons = [128]
@@ -100,15 +100,9 @@ def main() -> int:
     adv_s, head_s = float(np.median(adv)), float(np.median(head))
 
     calls: list = []
-    build = fam.build_decode
-
-    def timed_decode(*a, **k):
-        return Timed(build(*a, **k), calls)
-
-    real_prefill = fam.build_prefill
     fam_t = type("TimedFamily", (), {
-        "build_decode": staticmethod(lambda *a, **k: timed_decode(*a, **k)),
-        "build_prefill": staticmethod(lambda dec, c: Timed(real_prefill(dec.module, c).eval(), calls)),
+        "build_decode": staticmethod(lambda *a, **k: Timed(fam.build_decode(*a, **k), calls)),
+        "build_prefill": staticmethod(lambda dec, c: Timed(fam.build_prefill(dec.module, c).eval(), calls)),
         "state_specs": staticmethod(fam.state_specs)})
     t = time.perf_counter()
     ch = text_chunked.chunked_text_stream(fam_t, weights, geom, toks, chunk, horizons)
@@ -127,7 +121,7 @@ def main() -> int:
     scored = len(text_logit_positions(n, chunk, hz))
     pre_s, dec_s = float(np.median(pre)), float(np.median(dec))
     est_steps = n * adv_s + scored * head_s                                   # the head only where scored
-    est_chunked = n_pre * pre_s + n_dec * dec_s + hz[0] * adv_s + len(steps["text_logit_pos"]) * head_s
+    est_chunked = n_pre * pre_s + n_dec * dec_s + hz[0] * adv_s + scored_128 * head_s
     out = {"model": args.model, "parameters": params, "threads": torch.get_num_threads(), "chunk": chunk,
            "measured": {"steps_128_s": round(steps_s, 2), "scored_in_128": scored_128,
                         "chunked_tokens": args.tokens, "chunked_s": round(chunked_s, 2),

@@ -137,7 +137,8 @@ def reference_stream(family, source_dir: Path, tok, prompts: list[str], steps: i
         out.update(prefill_stream(ref, out["tokens"], prefill["chunk"], prefill_length(prefill, config_file)))
     if text is not None:
         toks, chunk, horizons = text_tokens(tok, text, config_file), prefill["chunk"], text["horizons"]
-        if chunked is not None and text_chunked.parameter_count(weights) >= chunked["from_params"]:
+        # the family's count, as pipeline/resources.py sizes this job by (a tied head once)
+        if chunked is not None and family.parameter_count(geom) >= chunked["from_params"]:
             first = text_stream(ref, toks[:horizons[0]], chunk, horizons[:1])
             out.update(text_chunked.checked(family, weights, geom, toks, chunk, horizons, chunked, first,
                                             str(source_dir)))

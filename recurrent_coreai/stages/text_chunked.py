@@ -1,5 +1,6 @@
 """The text stream's reference in the family's chunked fp32 form, for models where token by token
-costs too much (a 1.5B model: ~2.9 s a step, 2048 steps = ~99 min of one reference job).
+costs too much (the 1.5B shape: 2048 steps 1093 s against 368 s chunked with the check, on 2
+threads: docs/measurements/2026-12-06-text-reference.md).
 
 The form is the family's own fp32 modules run in torch: ``build_decode`` (one token) and
 ``build_prefill`` (a chunk at once, the family's exact chunked scan) over the same weights and state
@@ -14,7 +15,7 @@ every model run this way is first checked against the token-by-token reference
 ways, the logits at every position either reports and every state at that horizon. A difference
 above ``reference.chunked.max_abs_dlogits`` (logits) or ``max_rel_dstate`` (each state, on its own
 scale) stops the stage: nothing is gated on a form that this model's oracle does not confirm.
-The stream then carries the check's numbers (``text_check_*``), which the card reports.
+The stream then carries the check's numbers (``text_check_*``).
 """
 
 from __future__ import annotations
@@ -26,11 +27,6 @@ from recurrent_coreai.coreai.entrypoints import DECODE, text_plan
 from recurrent_coreai.util.errors import PipelineError
 
 CHECK_KEYS = ("text_check_tokens", "text_check_max_dlogits", "text_check_max_rel_dstate")
-
-
-def parameter_count(weights) -> int:
-    """Weights in the normal form: what decides the form (``reference.chunked.from_params``)."""
-    return int(sum(int(np.prod(tuple(t.shape))) for t in weights.values()))
 
 
 def chunked_text_stream(family, weights, geom, tokens: np.ndarray, chunk: int, horizons: list[int]) -> dict:
@@ -70,9 +66,9 @@ def compare(chunked: dict, steps: dict) -> tuple[float, float]:
     """(max|Δlogits| over the positions both report, the worst state's max|Δ| / max|state|) between
     two text streams over the same tokens (``steps``: the shorter, token by token)."""
     pos = {int(p): i for i, p in enumerate(chunked["text_logit_pos"])}
-    rows = [pos[int(p)] for p in steps["text_logit_pos"]]
     if any(int(p) not in pos for p in steps["text_logit_pos"]):
         raise ValueError("the two text streams report different positions")
+    rows = [pos[int(p)] for p in steps["text_logit_pos"]]
     dl = float(np.abs(chunked["text_logits"][rows].astype(np.float64) - steps["text_logits"]).max())
     rel = 0.0
     for key, want in steps.items():
