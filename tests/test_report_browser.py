@@ -4,11 +4,14 @@ TSV's values), the card preview is rendered, no run measurement (export time, pe
 but the page says where they are, and the page loads nothing from anywhere.
 
 The inputs are the built tree's (its gate JSONs, TSVs, exports, doctor JSONs and card), as the
-report rule passes them. Skipped, with the reason, where no Chromium or playwright is installed."""
+report rule passes them. Chromium is a system package: `make test-browser` installs it and runs this
+file (RECURRENT_COREAI_TEST_BROWSER=1; a missing Chromium or playwright then fails it); `make test`
+skips it, saying so."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -23,6 +26,9 @@ from recurrent_coreai.pipeline.records import read_report, write_sealed
 RESULTS = None  # the tiny results tree (conftest)
 M = "rwkv7-tiny"
 CHROMIUM = "/usr/bin/chromium"
+pytestmark = pytest.mark.skipif(os.environ.get("RECURRENT_COREAI_TEST_BROWSER") != "1",
+                                reason="needs Chromium, a system package: `make test-browser` installs it and runs "
+                                       "this file (RECURRENT_COREAI_TEST_BROWSER=1); `make test` does not")
 
 
 def recipes() -> list[str]:
@@ -52,9 +58,9 @@ def page():
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.skip("playwright is not installed: pip install playwright==1.65.2")
+        pytest.fail("playwright is not installed: pip install playwright==1.65.2 (make setup)")
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"no browser at {CHROMIUM}: apt-get install -y chromium")
+        pytest.fail(f"no browser at {CHROMIUM}: apt-get install -y chromium (make browser, as root)")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         pg = browser.new_page()
