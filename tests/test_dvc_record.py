@@ -126,3 +126,61 @@ def test_the_stages_of_a_record_are_written_to_dvc_lock_once_as_dvc_commit_write
     assert writes == [names]
     assert (built / "dvc.lock").read_text() == (other / "dvc.lock").read_text()
     assert "up to date" in sh("dvc status", built)
+
+
+PARAMS_YAML = """\
+stages:
+  one:
+    cmd: echo one
+    params:
+    - config.yaml:
+      - gate.steps
+    outs:
+    - one.txt
+  two:
+    cmd: echo two
+    params:
+    - config.yaml:
+      - gate.steps
+      - models
+    outs:
+    - two.txt
+"""
+
+
+def test_the_params_file_is_parsed_once_per_record_and_recorded_as_dvc_records_it(tmp_path, monkeypatch):
+    """DVC parses config.yaml for every param dependency (494 parses, ~40 ms each, for the default
+    DAG): the record parses it once (dvc_record.params_parsed_once) and dvc.lock holds the same
+    params; afterwards DVC's loader is its own again."""
+    from dvc.dependency import param
+
+    locks = {}
+    for shim in (True, False):
+        repo = tmp_path / f"repo-{shim}"
+        repo.mkdir()
+        sh("git init -q && dvc init -q && dvc config cache.type copy", repo)
+        (repo / "dvc.yaml").write_text(PARAMS_YAML)
+        (repo / "config.yaml").write_text("gate: {steps: 40, prompts: [a]}\nmodels: {m: {family: rwkv7}}\n")
+        for name in ("one.txt", "two.txt"):
+            (repo / name).write_text(name)
+        monkeypatch.chdir(repo)
+        parses = []
+        real = param.load_path
+
+        def counted(path, fs, **kwargs):
+            parses.append(path)
+            return real(path, fs, **kwargs)
+        monkeypatch.setattr(param, "load_path", counted)
+        if shim:
+            assert dvc_record.dvc_commit(["one", "two"]) is None
+            assert param.load_path is counted  # put back
+            assert len(parses) == 1, parses
+        else:
+            from dvc.repo import Repo
+            with Repo() as r:
+                dvc_record.commit_stages(r, ["one", "two"])
+            assert len(parses) > 1  # what the shim saves
+        monkeypatch.undo()
+        locks[shim] = (repo / "dvc.lock").read_text()
+    assert locks[True] == locks[False]
+    assert "gate.steps: 40" in locks[True]

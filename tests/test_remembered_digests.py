@@ -75,3 +75,67 @@ def test_a_file_changed_within_the_racy_window_is_not_remembered(tmp_path, monke
         fsutil.sha256_file(f)
         fsutil.sha256_file(f)
     assert len(calls) == 2
+
+
+# --- fsutil.remembered: a check made once while its inputs are unchanged ------------------------
+def _inputs(tmp_path):
+    d = tmp_path / "tree"
+    (d / "sub").mkdir(parents=True)
+    (d / "sub" / "t.txt").write_text("table")
+    f = tmp_path / "settings.json"
+    f.write_text("{}")
+    time.sleep(fsutil.RACY_NS / 1e9 + 0.1)  # older than the racy window
+    return d, f
+
+
+def test_a_check_is_made_once_inside_while_its_files_are_unchanged_and_every_time_outside(tmp_path):
+    d, f = _inputs(tmp_path)
+    made = []
+
+    def make():
+        made.append(1)
+        return {"files": ["t.txt"]}
+    with fsutil.remembered_digests():
+        first = fsutil.remembered(("vocab", "world"), [d, f], make)
+        first["files"].append("changed by the caller")  # every caller gets its own copy
+        assert fsutil.remembered(("vocab", "world"), [d, f], make) == {"files": ["t.txt"]}
+        assert len(made) == 1
+        fsutil.remembered(("vocab", "other settings"), [d, f], make)  # another key: made again
+        assert len(made) == 2
+    fsutil.remembered(("vocab", "world"), [d, f], make)
+    assert len(made) == 3  # outside the block: every time
+
+
+def test_a_file_under_a_directory_edited_with_its_time_kept_makes_the_check_again(tmp_path):
+    d, f = _inputs(tmp_path)
+    made = []
+    t = d / "sub" / "t.txt"
+    with fsutil.remembered_digests():
+        fsutil.remembered(("k",), [d, f], lambda: made.append(1))
+        st = t.stat()
+        t.write_text("TABLE")
+        os.utime(t, ns=(st.st_atime_ns, st.st_mtime_ns))
+        fsutil.remembered(("k",), [d, f], lambda: made.append(1))
+        (d / "new.txt").write_text("a file added")
+        fsutil.remembered(("k",), [d, f], lambda: made.append(1))
+    assert len(made) == 3
+
+
+def test_a_failed_check_and_a_racy_file_are_not_remembered(tmp_path):
+    d, f = _inputs(tmp_path)
+    calls = []
+
+    def failing():
+        calls.append(1)
+        raise ValueError("the check failed")
+    with fsutil.remembered_digests():
+        for _ in range(2):
+            try:
+                fsutil.remembered(("k",), [d], failing)
+            except ValueError:
+                pass
+        assert len(calls) == 2
+        f.write_text("{} ")  # changed just now: within the racy window
+        fsutil.remembered(("r",), [f], lambda: calls.append(1))
+        fsutil.remembered(("r",), [f], lambda: calls.append(1))
+    assert len(calls) == 4

@@ -30,6 +30,7 @@ import copy
 import csv
 import functools
 import io
+import json
 import math
 import os
 import re
@@ -45,7 +46,7 @@ from recurrent_coreai.pipeline.records import (AOT, EXPORT, SEAL, check_seal, re
                                               unseal_card)
 from recurrent_coreai.stages import card, gate, report
 from recurrent_coreai.util.errors import PipelineError
-from recurrent_coreai.util.fsutil import file_state, first_difference, sha256_file, tree_manifest
+from recurrent_coreai.util.fsutil import file_state, first_difference, remembered, sha256_file, tree_manifest
 
 TSV_INTS = ("step", "prompt", "pos", "token", "ref_top1", "ref_top2", "engine_top1")
 TSV_BOOLS = ("near_tie", "agree")
@@ -185,7 +186,16 @@ def check_aot(aot_dir: Path, export_dir: Path) -> dict:
 def check_card(path: Path, model: str, settings: dict, source: Path, vocab: Path, toolchain: Path,
                exports: list[Path], gates: list[Path], curated: Path | None) -> None:
     """The card (sealed) is the card rendered again from its inputs, byte for byte (its build date,
-    from SOURCE_DATE_EPOCH when it was built, is taken as it is: any date or none)."""
+    from SOURCE_DATE_EPOCH when it was built, is taken as it is: any date or none). Checked once
+    per process for the card and the publish stage of a model while its files are unchanged
+    (fsutil.remembered)."""
+    inputs = [path, source, vocab, toolchain, *exports, *gates, *([curated] if curated else [])]
+    remembered(("card", model, json.dumps(settings, sort_keys=True, default=str)), inputs,
+               lambda: _check_card(path, model, settings, source, vocab, toolchain, exports, gates, curated))
+
+
+def _check_card(path: Path, model: str, settings: dict, source: Path, vocab: Path, toolchain: Path,
+                exports: list[Path], gates: list[Path], curated: Path | None) -> None:
     read_card(path)
     text = Path(path).read_text(encoding="utf-8")
     fresh = card.card_text(model, settings, Path(source), Path(vocab), Path(toolchain), exports, gates, curated, DATE)
@@ -222,11 +232,15 @@ def check_vocab(vocab_dir: Path, model: str, settings: dict, source: Path) -> di
     recorded = read_vocab(vocab_dir)
     spec = settings["models"][model]
     kind = families.tokenizer_of(spec)
-    with tempfile.TemporaryDirectory(prefix=".vocab-derived.") as tmp:
-        fresh_dir = Path(tmp) / "vocab"
-        tokenizers.kind(kind).bake_stage(Path(source), fresh_dir, {**settings["vocab"],
-                                                                   tokenizers.EOS_KEY: spec.get(tokenizers.EOS_KEY)})
-        fresh = tree_manifest(fresh_dir)
+    bake = {**settings["vocab"], tokenizers.EOS_KEY: spec.get(tokenizers.EOS_KEY)}
+
+    def baked() -> dict:
+        with tempfile.TemporaryDirectory(prefix=".vocab-derived.") as tmp:
+            fresh_dir = Path(tmp) / "vocab"
+            tokenizers.kind(kind).bake_stage(Path(source), fresh_dir, bake)
+            return tree_manifest(fresh_dir)
+    # baked once per process for the vocab and the publish stage of a model (fsutil.remembered)
+    fresh = remembered(("vocab", kind, json.dumps(bake, sort_keys=True, default=str)), [source], baked)
     bad = first_difference(recorded, fresh)
     if bad:
         what = ("is not among the files" if bad not in fresh else "is missing from the files" if bad not in recorded

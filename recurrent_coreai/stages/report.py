@@ -16,6 +16,7 @@ the export log's summary line (``results/logs/<m>/export-<r>.log``) and in ``ben
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import re
 from dataclasses import dataclass
@@ -233,13 +234,19 @@ def mb(n: float) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
-def render(model: str, recipes: list[Recipe], card: Path) -> str:
+@functools.lru_cache(maxsize=1)
+def template() -> jinja2.Template:
+    """The page's template, compiled once per process (the DVC record renders every report again)."""
     env = jinja2.Environment(loader=jinja2.PackageLoader(__package__, "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     env.filters.update(mb=mb, g4=lambda v: f"{v:.4g}")
+    return env.get_template(TEMPLATE)
+
+
+def render(model: str, recipes: list[Recipe], card: Path) -> str:
     front, card_html = card_preview(card)
     first = recipes[0].gate if recipes else {}
-    return env.get_template(TEMPLATE).render(model=model, recipes=recipes, plots={r.name: plots(r) for r in recipes},
+    return template().render(model=model, recipes=recipes, plots={r.name: plots(r) for r in recipes},
                                              front=front, card_html=card_html, toolchain=first.get("toolchain", {}),
                                              prompts=first.get("prompts", []))
 

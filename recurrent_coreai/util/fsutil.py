@@ -39,13 +39,51 @@ def remembered_digests() -> Iterator[None]:
     outputs for several stages (the DVC record after a build: a gate JSON's bundle for the gate,
     card, report and publish stages) reads each once. Every write changes ctime, and no call can
     set it back (os.utime sets mtime only), so a file edited with its time kept is hashed again."""
-    global _REMEMBERED
-    outer = _REMEMBERED
+    global _REMEMBERED, _MADE
+    outer, outer_made = _REMEMBERED, _MADE
     _REMEMBERED = {} if outer is None else outer
+    _MADE = {} if outer_made is None else outer_made
     try:
         yield
     finally:
-        _REMEMBERED = outer
+        _REMEMBERED, _MADE = outer, outer_made
+
+
+_MADE: dict[tuple, object] | None = None  # remembered(): key -> result, inside remembered_digests() only
+
+
+def tree_states(paths) -> tuple:
+    """``(name, file_state)`` of every file under each of ``paths`` (a file, a directory, or a
+    missing path: state None), sorted: what tells those bytes unchanged without reading them."""
+    out = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            out.extend((str(f), file_state(f.stat())) for f in sorted(path.rglob("*")) if f.is_file())
+        else:
+            out.append((str(path), file_state(path.stat()) if path.exists() else None))
+    return tuple(out)
+
+
+def remembered(key: tuple, paths, make):
+    """``make()``, made once inside :func:`remembered_digests` for ``key`` while every file under
+    ``paths`` is unchanged (:func:`tree_states`), and a copy of that result after (an exception is
+    never remembered; nor is a result while one of those files changed within the last second, as
+    in :func:`sha256_file`); outside the block, ``make()`` every time. For a check a process would
+    repeat on the same inputs: the DVC record after a build bakes a model's vocab for its vocab
+    stage and its publish stage, and renders its card for its card stage and its publish stage."""
+    import copy
+
+    if _MADE is None:
+        return make()
+    states = tree_states(paths)
+    full = (key, states)
+    if full in _MADE:
+        return copy.deepcopy(_MADE[full])
+    result = make()
+    now = time.time_ns()
+    if all(st is None or st[4] < now - RACY_NS for _, st in states):
+        _MADE[full] = copy.deepcopy(result)
+    return result
 
 
 def file_state(st: os.stat_result) -> tuple[int, int, int, int, int]:
