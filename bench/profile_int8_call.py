@@ -17,7 +17,7 @@ process at a time. Then, each in a process of its own:
   calls of ``sess.step``; per call the wall and the process CPU seconds, and the runtime's own
   per-op intervals (``call.coreai.<op>``) of the last call, summed by op.
 * ``specialise`` (quantised recipes): :func:`specialise_lowering` (the gate's
-  ``coreai/dequant_fold.py``) reads the shipped ``.aimodel``'s ``main.mlirb``, replaces every
+  ``coreai/constant_fold.py``) reads the shipped ``.aimodel``'s ``main.mlirb``, replaces every
   ``coreai.blockwise_shift_scale`` of constants by the constant it computes, and lowers that (the
   universal lowering, specialised once). Then ``compare`` feeds the
   same prompt (one prefill chunk + 3 decode tokens) and ``--steps`` decode tokens through the
@@ -66,12 +66,12 @@ SHAPES = {  # the published RWKV-7 geometries (fla configs of RWKV7-Goose-World3
                  gate_lora=128),
 }
 def specialise_lowering(aimodel: Path, out_dir: Path) -> dict:
-    """The gate's folded lowering (``recurrent_coreai.coreai.dequant_fold``, used by every quantised
+    """The gate's folded lowering (``recurrent_coreai.coreai.constant_fold``, used by every quantised
     gate since 2026-12-02: stages/gate_lowering.py), with the ``.odix`` size."""
-    from recurrent_coreai.coreai.dequant_fold import fold_dequantisation
+    from recurrent_coreai.coreai.constant_fold import fold_constants
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    rec = fold_dequantisation(aimodel, out_dir)
+    rec = fold_constants(aimodel, out_dir)
     return {**rec, "odix_bytes": (out_dir / "main-universal.odix").stat().st_size}
 
 

@@ -1,13 +1,18 @@
-"""The gate's lowering of a quantised bundle (stages/gate_lowering.py, coreai/dequant_fold.py):
-its dequantisation evaluated once, trusted only after it agrees bit for bit with the aot stage's
-lowering, and the aot stage's lowering run instead whenever it does not.
+"""The gate's lowering with the Linux runtime's repeated work on constants done once
+(stages/gate_lowering.py, coreai/constant_fold.py): a quantised bundle's dequantisation evaluated
+once, an fp32 bundle's matmuls by a large constant run on that constant stored transposed; trusted
+only after it agrees bit for bit with the aot stage's lowering, and the aot stage's lowering run
+instead whenever it does not.
 
 * :func:`dequantise` against a per-element loop of ``scale * (q - offset1) + offset2``;
 * on the shared build's rwkv7-trained int8keepproj bundle: the folded lowering is used, every gated
   row equals the aot stage's lowering's (the runtime's own dequantisation is the independent
   side), the scratch lowering is gone afterwards, and the build's gate JSON and card say so;
 * a folded lowering that differs in one bit, or a fold that fails, is not used, and the record
-  says why; an fp16 bundle is never folded.
+  says why; an fp16 bundle (its linears are conv2d) has nothing to fold and runs the aot lowering;
+* on the shared build's rwkv7-tiny fp32 bundle (a 65536-row head): the folded lowering moves the
+  head's matmul in both functions, and its logits and states over a prompt and a generated stream
+  are bit for bit the aot stage's lowering's; the build's gate ran it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from recurrent_coreai.coreai.dequant_fold import dequantise
+from recurrent_coreai.coreai.constant_fold import MATMUL_MIN, dequantise
 from recurrent_coreai.coreai.runtime import PromptSession
 from recurrent_coreai.pipeline import config
 from recurrent_coreai.pipeline.paths import Layout
@@ -101,19 +106,51 @@ def test_a_fold_that_fails_runs_the_aot_lowering_and_says_why(tiny_results, tmp_
 
     def broken(aimodel, out_dir):
         raise ValueError("a coreai.blockwise_shift_scale operand is coreai.add, not a constant")
-    monkeypatch.setattr(gate_lowering, "fold_dequantisation", broken)
+    monkeypatch.setattr(gate_lowering, "fold_constants", broken)
     with gate_lowering.gate_lowering(inputs, tmp_path / "g.json") as (lowering, ran):
         assert lowering == inputs["aimodelx"]
     assert ran["fold_refused"] == ("the fold failed (ValueError: a coreai.blockwise_shift_scale operand is "
                                    "coreai.add, not a constant)")
 
 
-def test_an_unquantised_bundle_is_never_folded(tiny_results, tmp_path, monkeypatch):
+def test_an_fp16_bundle_has_nothing_to_fold_and_runs_the_aot_lowering(tiny_results, tmp_path):
     _, _, inputs = _inputs(tiny_results, "fp16")
-    monkeypatch.setattr(gate_lowering, "fold_dequantisation", lambda *a: pytest.fail("folded an fp16 bundle"))
     with gate_lowering.gate_lowering(inputs, tmp_path / "g.json") as (lowering, ran):
         assert lowering == inputs["aimodelx"] and ran == {"ran": gate_lowering.PIPELINE}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_fp32_world_vocabulary_gate_runs_the_head_on_the_weight_stored_transposed(tiny_results, tmp_path):
+    from recurrent_coreai.coreai.constant_fold import fold_constants
+    from recurrent_coreai.tokenizers.world import WorldTokenizer  # noqa: F401 - the model's own tokenizer kind
+
+    model, recipe = "rwkv7-tiny", "fp32"
+    lay = Layout(tiny_results, model)
+    cfg = config.load(tiny_results.parent / "config.yaml")
+    settings = config.gate_settings(config.settings(cfg, "gate", model=model, recipe=recipe), recipe)
+    inputs = gate.gate_inputs(model, recipe, lay.export(recipe), lay.aot("universal", recipe), lay.reference, settings)
+    folded = tmp_path / inputs["aimodelx"].name
+    folded.mkdir()
+    info = fold_constants(inputs["aimodel"], folded)
+    vocab, hidden = 65536, 128
+    assert vocab * hidden >= MATMUL_MIN
+    # the head of main and of prefill, one weight moved once; nothing else is that large
+    assert info == {"folded_ops": 0, "distinct_weights": 0, "folded_weights": 0, "moved_matmuls": 2,
+                    "moved_weights": vocab * hidden}
+    # the runtime's own kernel on the shipped program is the other side: a prefill chunk, then 40
+    # decode steps, every logits vector and both states after each call, bit for bit
+    tokens = [int(t) for t in inputs["stream"]["prefill_tokens"]]
+    with PromptSession(inputs["aimodelx"], inputs["record"]) as a, PromptSession(folded, inputs["record"]) as b:
+        assert a.prefill_chunk(tokens[:a.chunk]).tobytes() == b.prefill_chunk(tokens[:b.chunk]).tobytes()
+        for t in [*tokens[a.chunk:], *range(40 - len(tokens[a.chunk:]))]:
+            assert a.step(t).tobytes() == b.step(t).tobytes()
+            sa, sb = a.state_arrays(), b.state_arrays()
+            assert all(sa[n].tobytes() == sb[n].tobytes() for n in sa)
+    built = json.loads(lay.gate_json(recipe).read_text())
+    assert [{k: r.get(k) for k in ("ran", "moved_matmuls", "bit_identical")} for r in built["lowering_runs"]] == \
+        [{"ran": gate_lowering.FOLDED, "moved_matmuls": 2, "bit_identical": True}]
+    assert "its 2 matmuls by a large constant weight run on that weight stored transposed (the same products), " \
+           "bit-identical to the aot stage's lowering on 3 calls" in lay.card.read_text()
 
 
 def test_a_quantised_gate_shard_asks_for_the_folds_measured_peak():

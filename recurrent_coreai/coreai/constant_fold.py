@@ -1,0 +1,194 @@
+"""A lowering of a bundle with the work the Linux runtime repeats on constant weights done once, for the gate.
+
+The Linux runtime is a reference implementation: it evaluates every op on every call, and its
+kernels are sensitive to layout. Two costs dominate the gate's calls, and both are paid on the
+constant weights:
+
+* ``coreai.blockwise_shift_scale`` of a quantised bundle: it dequantises each int8 weight into a
+  fresh fp16 tensor through software half-float conversion, ~30 ns per weight per call, ~75% of an
+  int8 decode call (docs/measurements/2026-12-02-int8-call-profile.md);
+* ``coreai.decomposable.broadcasting_batch_matmul`` of a constant ``C`` [M, K] by an activation
+  ``y`` [K, N] (how an fp32 bundle holds every linear layer): the runtime's kernel for ``C @ y``
+  takes 29-32 ms at M = 65536, K = 128 (a World-vocabulary head), where the same products as
+  ``yᵀ @ Cᵀ`` with ``Cᵀ`` stored take 4.4-8.5 ms (docs/measurements/2026-12-06-runtime-linear.md).
+
+No runtime or compiler option keeps a dequantised weight between calls (the int8 document lists
+what was tried), and the compiler's canonicalize and sccp passes change neither form.
+
+:func:`fold_constants` reads the shipped ``.aimodel``'s ``main.mlirb`` and
+
+1. replaces each ``blockwise_shift_scale`` whose operands are constants by the fp16 constant it
+   computes (:func:`dequantise`: ``scale * (q - offset1) + offset2`` per block in fp32, rounded
+   once to fp16 -- with coreai-opt's zero offsets an exact product rounded once, the value any
+   correct kernel gives; the decode and prefill functions' copies of a weight share one array);
+2. rewrites each ``C @ y`` whose ``C`` is a constant of at least :data:`MATMUL_MIN` values as
+   ``(yᵀ @ Cᵀ)ᵀ`` with ``Cᵀ`` a constant (the same values, moved once): the same products, each
+   output the same dot product of the same K terms.
+
+Neither is trusted by construction: the gate runs the result only after its logits and states
+agree bit for bit with the aot stage's lowering (stages/gate_lowering.py). (fp16 bundles hold
+their linears as 1 x 1 ``conv2d``: rewritten as a matmul they were 6x slower in this runtime and
+not bit-identical, so they are left as they are.) Everything else is the
+pipeline's universal lowering: the same ``compile_to_binary`` and ``serialize_module_to_odix`` that
+``AIModelAsset._write_odix`` calls, inside :func:`.reproducible.lowering_scope`. The result is a
+scratch lowering the gate runs, never the aot stage's product and never published; the gate
+trusts it only after logits and states agree bit for bit with the pipeline's lowering
+(stages/gate.py ``gate_lowering``).
+
+Like :func:`.runtime.lower_universal` this uses coreai-core's compiler bindings, which are private
+(``coreai._compiler``): no public API reads or rewrites a bundle's program. One module to change
+on a coreai-core upgrade.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import numpy as np
+
+from recurrent_coreai.util.errors import PipelineError
+from recurrent_coreai.util.fsutil import require_space
+
+OP = "coreai.blockwise_shift_scale"
+MATMUL = "coreai.decomposable.broadcasting_batch_matmul"
+NP_TYPES = {"f16": np.float16, "f32": np.float32, "si8": np.int8, "ui8": np.uint8, "si32": np.int32, "ui32": np.uint32}
+# a smaller constant's matmul costs the runtime little a call (128 x 512: ~0.1 ms); a 65536-row
+# head is far above it
+MATMUL_MIN = 1 << 20
+
+
+class NothingToFold(ValueError):
+    """The bundle has no dequantisation and no large constant matmul: the aot stage's lowering is
+    the one to run."""
+FOLDED_RATIO = 1.5  # room the folded lowering needs over its .aimodel: int8 weights become fp16 (0.1B/0.4B: 1.33x, 1.37x)
+
+
+def dequantise(q: np.ndarray, scale: np.ndarray, off1: np.ndarray, off2: np.ndarray) -> np.ndarray:
+    """``coreai.blockwise_shift_scale``: ``scale * (q - off1) + off2`` per block, in fp32, rounded
+    once to fp16. ``scale``/``off1``/``off2`` have one entry per block along each axis of ``q``."""
+    if q.ndim != scale.ndim or any(a % b for a, b in zip(q.shape, scale.shape)):
+        raise ValueError(f"scale {scale.shape} does not tile the weight {q.shape} in whole blocks")
+    blocks = [a // b for a, b in zip(q.shape, scale.shape)]
+    split = [d for s, n in zip(scale.shape, blocks) for d in (s, n)]  # each axis as (blocks, block)
+    per_block = [d for s in scale.shape for d in (s, 1)]
+
+    def widen(x):
+        return np.broadcast_to(x, scale.shape).astype(np.float32).reshape(per_block)
+    out = widen(scale) * (q.astype(np.float32).reshape(split) - widen(off1)) + widen(off2)
+    return out.astype(np.float16).reshape(q.shape)
+
+
+def _constant(value, copy_constant_value_to_array, op: str = OP) -> np.ndarray:
+    """A constant operand's value, read as coreai-opt reads one (``_get_constant_value_as_np_array``)."""
+    owner = value.owner
+    if owner.name != "coreai.constant":
+        raise ValueError(f"a {op} operand is {owner.name}, not a constant")
+    dtype = NP_TYPES.get(str(value.type.element_type))
+    if dtype is None:
+        raise ValueError(f"a {op} operand has element type {value.type.element_type}")
+    shape = tuple(value.type.shape)
+    buf = np.zeros(int(np.prod(shape)) * np.dtype(dtype).itemsize, np.uint8)
+    copy_constant_value_to_array(constant_op=owner, destination=buf)
+    return buf.view(dtype).reshape(shape)
+
+
+def _is_constant(value) -> bool:
+    return getattr(value.owner, "name", None) == "coreai.constant"
+
+
+def _matmul_by_constant(op, matmul_min: int) -> bool:
+    """``C @ y``: C a rank-2 constant of at least ``matmul_min`` values, y a rank-2 activation."""
+    c, y = op.operands
+    return (_is_constant(c) and not _is_constant(y) and len(c.type.shape) == 2 and len(y.type.shape) == 2
+            and int(np.prod(c.type.shape)) >= matmul_min)
+
+
+def fold_constants(aimodel: Path, out_dir: Path, matmul_min: int = MATMUL_MIN) -> dict:
+    """Lower ``aimodel`` into ``out_dir`` (an existing, empty ``*.aimodelx`` directory) with every
+    dequantisation of constants folded and every matmul of a constant of at least ``matmul_min``
+    values on the constant stored transposed (module docstring). Returns what was done:
+    ``folded_ops``, ``distinct_weights``, ``folded_weights`` (int8 values dequantised),
+    ``moved_matmuls``, ``moved_weights`` (values of the distinct weights stored transposed). A
+    bundle with neither raises :class:`NothingToFold`."""
+    from coreai.authoring.asset import Context  # first: coreai.authoring's imports are order-sensitive
+    from coreai._compiler.dialects import coreai as cai
+    from coreai._compiler.ir import (DenseElementsAttr, DenseResourceElementsAttr, InsertionPoint, IntegerType,
+                                     RankedTensorType, WalkResult)
+
+    from recurrent_coreai.coreai import reproducible
+
+    asset = importlib.import_module(reproducible.ASSET)  # the lowering's own entry points, as _write_odix calls them
+    from coreai._compiler._mlir_libs._coreaiIR._bindings.compiler import copy_constant_value_to_array
+
+    src = Path(aimodel) / "main.mlirb"
+    if not src.is_file():
+        raise PipelineError(aimodel, "has no main.mlirb", "re-run the export stage")
+    require_space(out_dir, int(src.stat().st_size * FOLDED_RATIO) + (8 << 20), f"the folded lowering of {Path(aimodel).name}")
+    module = asset.load_module_from_bytecode(context=Context()._mlir_context, path=src)  # noqa: SLF001 - as _write_odix
+
+    def ops_named(name: str) -> list:
+        found = []
+
+        def collect(op):
+            if op.name == name:
+                found.append(op)
+            return WalkResult.ADVANCE
+        module.operation.walk(collect)
+        return found
+
+    def erase_unused(consts: list) -> None:
+        for const in consts:  # the weights replaced (each once): gone once nothing uses them
+            if not list(const.results[0].uses):
+                const.erase()
+
+    ops = ops_named(OP)
+    values, operands, weights = {}, [], 0
+    with module.context:
+        for op in ops:
+            key = tuple(str(v.owner.attributes["value"]) for v in op.operands)  # resource names: the same weight
+            if key not in values:
+                q, scale, off1, off2 = (_constant(v, copy_constant_value_to_array) for v in op.operands)
+                values[key] = DenseResourceElementsAttr.get_from_buffer(
+                    dequantise(q, scale, off1, off2), f"dequantised_{len(values)}", op.results[0].type)
+                weights += q.size
+                del q, scale, off1, off2
+            with InsertionPoint(op), op.location:
+                folded = cai.ConstantOp(value=values[key])
+            operands.extend(v.owner for v in op.operands if not any(v.owner == o for o in operands))
+            op.results[0].replace_all_uses_with(folded.result)
+            op.erase()
+        erase_unused(operands)
+
+        matmuls = [op for op in ops_named(MATMUL) if _matmul_by_constant(op, matmul_min)]
+        moved, weights_c, ui32 = {}, [], IntegerType.get_unsigned(32)
+        for op in matmuls:
+            c, y = op.operands
+            (m, k), n = c.type.shape, y.type.shape[1]
+            key = str(c.owner.attributes["value"])
+            with InsertionPoint(op), op.location:
+                if key not in moved:
+                    moved[key] = DenseResourceElementsAttr.get_from_buffer(np.ascontiguousarray(
+                        _constant(c, copy_constant_value_to_array, MATMUL).T), f"transposed_{len(moved)}",
+                        RankedTensorType.get([k, m], c.type.element_type))
+                swap = cai.ConstantOp(value=DenseElementsAttr.get(np.array([1, 0], np.uint32),
+                                                                  type=RankedTensorType.get([2], ui32))).result
+                c_t = cai.ConstantOp(value=moved[key]).result
+                y_t = cai.TransposeOp(y, swap, results=[RankedTensorType.get([n, k], y.type.element_type)]).result
+                out_t = cai.BroadcastingBatchMatmul(y_t, c_t, results=[RankedTensorType.get(
+                    [n, m], op.results[0].type.element_type)]).result
+                out = cai.TransposeOp(out_t, swap, results=[op.results[0].type]).result
+            if not any(c.owner == o for o in weights_c):
+                weights_c.append(c.owner)
+            op.results[0].replace_all_uses_with(out)
+            op.erase()
+        erase_unused(weights_c)
+    if not ops and not matmuls:
+        raise NothingToFold(f"{Path(aimodel).name} has no {OP} and no {MATMUL} of a constant of at least "
+                            f"{matmul_min} values: nothing to fold")
+    with reproducible.lowering_scope():
+        asset.compile_to_binary(module=module, output_directory=out_dir, enable_debug_info=False)
+        asset.serialize_module_to_odix(module=module, path=out_dir / "main-universal.odix")
+    return {"folded_ops": len(ops), "distinct_weights": len(values), "folded_weights": int(weights),
+            "moved_matmuls": len(matmuls),
+            "moved_weights": int(sum(int(np.prod(v.type.shape)) for v in moved.values()))}
