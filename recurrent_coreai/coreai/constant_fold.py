@@ -23,7 +23,9 @@ what was tried), and the compiler's canonicalize and sccp passes change neither 
    correct kernel gives; the decode and prefill functions' copies of a weight share one array);
 2. rewrites each ``C @ y`` whose ``C`` is a constant of at least :data:`MATMUL_MIN` values as
    ``(yᵀ @ Cᵀ)ᵀ`` with ``Cᵀ`` a constant (the same values, moved once): the same products, each
-   output the same dot product of the same K terms.
+   output the same dot product of the same K terms -- where those weights total at most
+   :data:`MATMUL_MAX_BYTES` (a World-vocabulary tiny model's head: 32 MB; an fp32 1.5B model's
+   linears, ~6 GB, are left as they are: the gate's sizing has no room for the copy).
 
 Neither is trusted by construction: the gate runs the result only after its logits and states
 agree bit for bit with the aot stage's lowering (stages/gate_lowering.py). (fp16 bundles hold
@@ -56,6 +58,10 @@ NP_TYPES = {"f16": np.float16, "f32": np.float32, "si8": np.int8, "ui8": np.uint
 # a smaller constant's matmul costs the runtime little a call (128 x 512: ~0.1 ms); a 65536-row
 # head is far above it
 MATMUL_MIN = 1 << 20
+# the matmuls' weights moved at most (bytes, distinct weights): above it they are left as they are.
+# The fold holds a moved copy beside the program, and resources.py sizes an fp32 gate shard at 1.5x
+# its weights with no room for it (measured only for the quantised fold: 2.9x at 1.5B)
+MATMUL_MAX_BYTES = 1 << 30
 
 
 class NothingToFold(ValueError):
@@ -161,6 +167,10 @@ def fold_constants(aimodel: Path, out_dir: Path, matmul_min: int = MATMUL_MIN) -
         erase_unused(operands)
 
         matmuls = [op for op in ops_named(MATMUL) if _matmul_by_constant(op, matmul_min)]
+        sizes = {str(op.operands[0].owner.attributes["value"]): int(np.prod(op.operands[0].type.shape))
+                 * np.dtype(NP_TYPES.get(str(op.operands[0].type.element_type), np.float32)).itemsize for op in matmuls}
+        if sum(sizes.values()) > MATMUL_MAX_BYTES:
+            matmuls = []
         moved, weights_c, ui32 = {}, [], IntegerType.get_unsigned(32)
         for op in matmuls:
             c, y = op.operands
