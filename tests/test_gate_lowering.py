@@ -153,6 +153,16 @@ def test_an_fp32_world_vocabulary_gate_runs_the_head_on_the_weight_stored_transp
            "bit-identical to the aot stage's lowering on 3 calls" in lay.card.read_text()
 
 
+def test_matmuls_whose_weights_exceed_the_cap_are_left_as_they_are(tiny_results, tmp_path, monkeypatch):
+    from recurrent_coreai.coreai import constant_fold
+
+    lay = Layout(tiny_results, "rwkv7-tiny")
+    bundle = next(lay.export("fp32").glob("*.aimodel"))
+    monkeypatch.setattr(constant_fold, "MATMUL_MAX_BYTES", 65536 * 128 * 4 - 1)  # one byte under the head
+    with pytest.raises(constant_fold.NothingToFold, match="nothing to fold"):
+        constant_fold.fold_constants(bundle, tmp_path)
+
+
 def test_a_quantised_gate_shard_asks_for_the_folds_measured_peak():
     """At 1.5B int8keepproj a gate shard peaked at 8847 MB (folding, then both lowerings loaded for
     the check; docs/measurements/2026-12-02-gate-shards.md): a SLURM job must ask at least that."""
