@@ -38,7 +38,7 @@ dvc-repro: setup
 browser:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 	  && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
-	  || echo "note: chromium is missing and cannot be installed here: the browser test will skip"
+	  || echo "note: chromium is missing and cannot be installed here (root and apt-get needed): the browser test will fail"
 
 test: setup lint
 	bash .ci/pytest.sh
