@@ -50,11 +50,11 @@ def test_dequantise_is_the_blockwise_formula_rounded_once():
         dequantise(q, scale[:, :1].repeat(3, axis=1), off1, off2)
 
 
-def _inputs(tiny_results, recipe):
-    lay = Layout(tiny_results, MODEL)
+def _inputs(tiny_results, recipe, model=MODEL):
+    lay = Layout(tiny_results, model)
     cfg = config.load(tiny_results.parent / "config.yaml")  # the build's own
-    settings = config.gate_settings(config.settings(cfg, "gate", model=MODEL, recipe=recipe), recipe)
-    inputs = gate.gate_inputs(MODEL, recipe, lay.export(recipe), lay.aot("universal", recipe), lay.reference, settings)
+    settings = config.gate_settings(config.settings(cfg, "gate", model=model, recipe=recipe), recipe)
+    inputs = gate.gate_inputs(model, recipe, lay.export(recipe), lay.aot("universal", recipe), lay.reference, settings)
     return lay, settings, inputs
 
 
@@ -122,13 +122,9 @@ def test_an_fp16_bundle_has_nothing_to_fold_and_runs_the_aot_lowering(tiny_resul
 
 def test_an_fp32_world_vocabulary_gate_runs_the_head_on_the_weight_stored_transposed(tiny_results, tmp_path):
     from recurrent_coreai.coreai.constant_fold import fold_constants
-    from recurrent_coreai.tokenizers.world import WorldTokenizer  # noqa: F401 - the model's own tokenizer kind
 
-    model, recipe = "rwkv7-tiny", "fp32"
-    lay = Layout(tiny_results, model)
-    cfg = config.load(tiny_results.parent / "config.yaml")
-    settings = config.gate_settings(config.settings(cfg, "gate", model=model, recipe=recipe), recipe)
-    inputs = gate.gate_inputs(model, recipe, lay.export(recipe), lay.aot("universal", recipe), lay.reference, settings)
+    recipe = "fp32"
+    lay, _, inputs = _inputs(tiny_results, recipe, model="rwkv7-tiny")
     folded = tmp_path / inputs["aimodelx"].name
     folded.mkdir()
     info = fold_constants(inputs["aimodel"], folded)

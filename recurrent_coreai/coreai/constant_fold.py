@@ -33,9 +33,7 @@ their linears as 1 x 1 ``conv2d``: rewritten as a matmul they were 6x slower in 
 not bit-identical, so they are left as they are.) Everything else is the
 pipeline's universal lowering: the same ``compile_to_binary`` and ``serialize_module_to_odix`` that
 ``AIModelAsset._write_odix`` calls, inside :func:`.reproducible.lowering_scope`. The result is a
-scratch lowering the gate runs, never the aot stage's product and never published; the gate
-trusts it only after logits and states agree bit for bit with the pipeline's lowering
-(stages/gate.py ``gate_lowering``).
+scratch lowering the gate runs, never the aot stage's product and never published.
 
 Like :func:`.runtime.lower_universal` this uses coreai-core's compiler bindings, which are private
 (``coreai._compiler``): no public API reads or rewrites a bundle's program. One module to change
@@ -67,6 +65,8 @@ MATMUL_MAX_BYTES = 1 << 30
 class NothingToFold(ValueError):
     """The bundle has no dequantisation and no large constant matmul: the aot stage's lowering is
     the one to run."""
+
+
 FOLDED_RATIO = 1.5  # room the folded lowering needs over its .aimodel: int8 weights become fp16 (0.1B/0.4B: 1.33x, 1.37x)
 
 
@@ -143,13 +143,17 @@ def fold_constants(aimodel: Path, out_dir: Path, matmul_min: int = MATMUL_MIN) -
         module.operation.walk(collect)
         return found
 
-    def erase_unused(consts: list) -> None:
-        for const in consts:  # the weights replaced (each once): gone once nothing uses them
-            if not list(const.results[0].uses):
-                const.erase()
+    replaced: list = []  # the constant operands of the ops replaced, each once
+
+    def replace(op, result) -> None:
+        """``op``'s uses now read ``result``; ``op`` is gone, its constant operands noted."""
+        replaced.extend(v.owner for v in op.operands
+                        if _is_constant(v) and not any(v.owner == o for o in replaced))
+        op.results[0].replace_all_uses_with(result)
+        op.erase()
 
     ops = ops_named(OP)
-    values, operands, weights = {}, [], 0
+    values, weights = {}, 0
     with module.context:
         for op in ops:
             key = tuple(str(v.owner.attributes["value"]) for v in op.operands)  # resource names: the same weight
@@ -161,17 +165,14 @@ def fold_constants(aimodel: Path, out_dir: Path, matmul_min: int = MATMUL_MIN) -
                 del q, scale, off1, off2
             with InsertionPoint(op), op.location:
                 folded = cai.ConstantOp(value=values[key])
-            operands.extend(v.owner for v in op.operands if not any(v.owner == o for o in operands))
-            op.results[0].replace_all_uses_with(folded.result)
-            op.erase()
-        erase_unused(operands)
+            replace(op, folded.result)
 
         matmuls = [op for op in ops_named(MATMUL) if _matmul_by_constant(op, matmul_min)]
         sizes = {str(op.operands[0].owner.attributes["value"]): int(np.prod(op.operands[0].type.shape))
                  * np.dtype(NP_TYPES.get(str(op.operands[0].type.element_type), np.float32)).itemsize for op in matmuls}
         if sum(sizes.values()) > MATMUL_MAX_BYTES:
             matmuls = []
-        moved, weights_c, ui32 = {}, [], IntegerType.get_unsigned(32)
+        moved, ui32 = {}, IntegerType.get_unsigned(32)
         for op in matmuls:
             c, y = op.operands
             (m, k), n = c.type.shape, y.type.shape[1]
@@ -188,11 +189,10 @@ def fold_constants(aimodel: Path, out_dir: Path, matmul_min: int = MATMUL_MIN) -
                 out_t = cai.BroadcastingBatchMatmul(y_t, c_t, results=[RankedTensorType.get(
                     [n, m], op.results[0].type.element_type)]).result
                 out = cai.TransposeOp(out_t, swap, results=[op.results[0].type]).result
-            if not any(c.owner == o for o in weights_c):
-                weights_c.append(c.owner)
-            op.results[0].replace_all_uses_with(out)
-            op.erase()
-        erase_unused(weights_c)
+            replace(op, out)
+        for const in replaced:  # the weights replaced: gone once nothing uses them
+            if not list(const.results[0].uses):
+                const.erase()
     if not ops and not matmuls:
         raise NothingToFold(f"{Path(aimodel).name} has no {OP} and no {MATMUL} of a constant of at least "
                             f"{matmul_min} values: nothing to fold")

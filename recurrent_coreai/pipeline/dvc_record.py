@@ -26,7 +26,7 @@ from recurrent_coreai.pipeline import config as cfgmod
 from recurrent_coreai.util.errors import PipelineError
 from recurrent_coreai.pipeline.paths import STATE_DIR
 from recurrent_coreai.pipeline.records import verify_output
-from recurrent_coreai.util.fsutil import remembered_digests
+from recurrent_coreai.util.fsutil import file_state, remembered_digests
 
 TIMESTAMP = ".snakemake_timestamp"
 
@@ -93,9 +93,10 @@ def _git_ok() -> str | None:
 def params_parsed_once():
     """DVC parses a stage's params file once for every param dependency it hashes or saves, with
     ruamel's pure-Python constructor: this project's config.yaml (27 KB) was parsed 494 times,
-    ~40 ms each, to record the default DAG's 128 stages. Here each file is parsed once per
-    (path, size, mtime, inode) and every caller gets its own copy (DVC then reads the values from
+    ~40 ms each, to record the default DAG's 128 stages. Here each file is parsed once per path
+    while its bytes are unchanged (fsutil.file_state) and every caller gets its own copy (DVC then reads the values from
     it as before: the same records). Skipped, untouched, where DVC no longer has the function."""
+
     from dvc.dependency import param
 
     load = getattr(param, "load_path", None)
@@ -109,7 +110,7 @@ def params_parsed_once():
             st = os.stat(fs_path)
         except (OSError, TypeError, ValueError):
             return load(fs_path, fs, **kwargs)
-        key = (os.path.abspath(fs_path), st.st_size, st.st_mtime_ns, st.st_ino, tuple(sorted(kwargs.items())))
+        key = (os.path.abspath(fs_path), file_state(st), tuple(sorted(kwargs.items())))
         if key not in parsed:
             parsed[key] = load(fs_path, fs, **kwargs)
         return copy.deepcopy(parsed[key])

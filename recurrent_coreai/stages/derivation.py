@@ -186,16 +186,7 @@ def check_aot(aot_dir: Path, export_dir: Path) -> dict:
 def check_card(path: Path, model: str, settings: dict, source: Path, vocab: Path, toolchain: Path,
                exports: list[Path], gates: list[Path], curated: Path | None) -> None:
     """The card (sealed) is the card rendered again from its inputs, byte for byte (its build date,
-    from SOURCE_DATE_EPOCH when it was built, is taken as it is: any date or none). Checked once
-    per process for the card and the publish stage of a model while its files are unchanged
-    (fsutil.remembered)."""
-    inputs = [path, source, vocab, toolchain, *exports, *gates, *([curated] if curated else [])]
-    remembered(("card", model, json.dumps(settings, sort_keys=True, default=str)), inputs,
-               lambda: _check_card(path, model, settings, source, vocab, toolchain, exports, gates, curated))
-
-
-def _check_card(path: Path, model: str, settings: dict, source: Path, vocab: Path, toolchain: Path,
-                exports: list[Path], gates: list[Path], curated: Path | None) -> None:
+    from SOURCE_DATE_EPOCH when it was built, is taken as it is: any date or none)."""
     read_card(path)
     text = Path(path).read_text(encoding="utf-8")
     fresh = card.card_text(model, settings, Path(source), Path(vocab), Path(toolchain), exports, gates, curated, DATE)

@@ -7,6 +7,7 @@ end, so an interrupted or failing stage never leaves output that looks complete.
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import glob
 import hashlib
@@ -70,9 +71,7 @@ def remembered(key: tuple, paths, make):
     never remembered; nor is a result while one of those files changed within the last second, as
     in :func:`sha256_file`); outside the block, ``make()`` every time. For a check a process would
     repeat on the same inputs: the DVC record after a build bakes a model's vocab for its vocab
-    stage and its publish stage, and renders its card for its card stage and its publish stage."""
-    import copy
-
+    stage and again for its publish stage."""
     if _MADE is None:
         return make()
     states = tree_states(paths)
@@ -81,7 +80,7 @@ def remembered(key: tuple, paths, make):
         return copy.deepcopy(_MADE[full])
     result = make()
     now = time.time_ns()
-    if all(st is None or st[4] < now - RACY_NS for _, st in states):
+    if all(st is None or settled(st, now) for _, st in states):
         _MADE[full] = copy.deepcopy(result)
     return result
 
@@ -93,6 +92,13 @@ def file_state(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
+def settled(state: tuple, now: int) -> bool:
+    """A file last changed (``state``: :func:`file_state`) more than :data:`RACY_NS` before ``now``:
+    git's "racily clean" rule -- on a file system with a coarse clock a second write in the same
+    tick would keep its ctime, so anything younger is read again every time."""
+    return state[4] < now - RACY_NS
+
+
 def sha256_file(path: str | Path) -> str:
     if _REMEMBERED is None:
         return _sha256_file(path)
@@ -102,9 +108,7 @@ def sha256_file(path: str | Path) -> str:
         return _REMEMBERED[key]
     now = time.time_ns()
     digest = _sha256_file(path)
-    # a file changed within the last second is not remembered (git's "racily clean" rule): on a
-    # file system with a coarse clock a second write in the same tick would keep its ctime
-    if st.st_ctime_ns < now - RACY_NS:
+    if settled(key, now):  # a file changed within the last second is not remembered
         _REMEMBERED[key] = digest
     return digest
 
