@@ -88,12 +88,13 @@ test-beta:
 	  -e 's/^(\s*(- )?coreai-torch==)\S+/\1$(BETA_TORCH)/' -e 's/^(\s*(- )?coreai-opt==)\S+/\1$(BETA_OPT)/' \
 	  requirements.txt envs/*.yaml && git -c user.name=test-beta -c user.email=test-beta@localhost commit -qam \
 	  "pins: coreai-core $(BETA_CORE), coreai-torch $(BETA_TORCH), coreai-opt $(BETA_OPT)"
-	cd $(BETA_DIR) && $(PY) -m venv .venv && .venv/bin/pip install -q -r requirements-test.txt \
-	  && .venv/bin/pip install -q --no-deps -e .
+	cd $(BETA_DIR) && $(PY) -m venv .venv && .venv/bin/pip install -q $(UV) "$$(grep -m1 '^torch==' requirements.txt)" \
+	  && .venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode -r requirements-test.txt \
+	  && .venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
 	cd $(BETA_DIR) && .venv/bin/python -c "import torch; assert torch.__version__.split('+')[0] == '2.13.0', torch.__version__"
 	cd $(BETA_DIR) && PATH=$(BETA_PATH) python -m recurrent_coreai.coreai.contract
 	cd $(BETA_DIR) && PATH=$(BETA_PATH) bash -c 'time snakemake --cores 1 --keep-going publish'
-	cd $(BETA_DIR) && PATH=$(BETA_PATH) python -m recurrent_coreai beta-watch --apply; test $$? -le 1
+	cd $(BETA_DIR) && PATH=$(BETA_PATH) bash -c 'time python -m recurrent_coreai beta-watch --apply'; test $$? -le 1
 
 clean:
 	rm -rf results .snakemake

@@ -144,16 +144,22 @@ def test_the_card_says_which_bundle_is_not_byte_reproducible_and_why():
     template = (Path(reproducible.__file__).parents[2] / "stages" / "templates" / "model_card.md.j2").read_text()
     block = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(PROVENANCE.search(template).group(1))
     miss = {"package": "coreai-core", "version": "1.0.0b2", "why": "no module coreai.authoring.graph_builder"}
+    note = {"package": "coreai-torch", "version": "0.4.2", "why": "left the states s as plain arguments",
+            "degrades": "the export promoted them"}
     recipes = [{"bundle": "m-fp16", "gate": {"bundle_sha256": "a" * 64}, "byte_reproducible": False,
-                "toolchain_misses": [miss]},
+                "toolchain_misses": [miss], "toolchain_notes": []},
                {"bundle": "m-fp32", "gate": {"bundle_sha256": "b" * 64}, "byte_reproducible": True,
-                "toolchain_misses": []}]
+                "toolchain_misses": [], "toolchain_notes": [note]}]
     text = block.render(source={"uri": "synthetic://x", "revision": None}, normal_layout="fla", weights_sha256="c",
                         toolchain={"coreai-core": "1.0.0b2"}, build_date=None, recipes=recipes)
     lines = [line for line in text.splitlines() if "byte-reproducible" in line]
     assert lines == ["- **`m-fp16` is not byte-reproducible**: its toolchain lacks what the reproducible-build "
                      "patches need (coreai-core 1.0.0b2: no module coreai.authoring.graph_builder), so a rebuild may "
                      "differ in its bytes, not in its gate numbers"]
+    # what the export did instead at no cost in bytes (convert.promote_states): said, the bundle still reproducible
+    assert [line for line in text.splitlines() if "coreai-torch 0.4.2" in line] == [
+        "- `m-fp32`: coreai-torch 0.4.2 left the states s as plain arguments, so the export promoted them; gated as "
+        "every bundle is"]
 
 
 def test_the_beta_report_calls_a_degraded_digest_not_comparable():

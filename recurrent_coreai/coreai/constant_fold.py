@@ -31,8 +31,9 @@ Neither is trusted by construction: the gate runs the result only after its logi
 agree bit for bit with the aot stage's lowering (stages/gate_lowering.py). (fp16 bundles hold
 their linears as 1 x 1 ``conv2d``: rewritten as a matmul they were 6x slower in this runtime and
 not bit-identical, so they are left as they are.) Everything else is the
-pipeline's universal lowering: the same ``compile_to_binary`` and ``serialize_module_to_odix`` that
-``AIModelAsset._write_odix`` calls, inside :func:`.reproducible.lowering_scope`. The result is a
+pipeline's universal lowering: the same ``compile_to_binary`` (or, where coreai-core has none, the
+passes its own ``executable()`` runs) and ``serialize_module_to_odix`` that ``AIModelAsset._write_odix``
+calls (:mod:`.lowering`), inside :func:`.reproducible.lowering_scope`. The result is a
 scratch lowering the gate runs, never the aot stage's product and never published.
 
 Like :func:`.runtime.lower_universal` this uses coreai-core's compiler bindings, which are private
@@ -42,7 +43,6 @@ on a coreai-core upgrade.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import numpy as np
@@ -117,21 +117,19 @@ def fold_constants(aimodel: Path, out_dir: Path, matmul_min: int = MATMUL_MIN) -
     ``folded_ops``, ``distinct_weights``, ``folded_weights`` (int8 values dequantised),
     ``moved_matmuls``, ``moved_weights`` (values of the distinct weights stored transposed). A
     bundle with neither raises :class:`NothingToFold`."""
-    from coreai.authoring.asset import Context  # first: coreai.authoring's imports are order-sensitive
+    from recurrent_coreai.coreai import lowering, reproducible
+
+    lowering.asset_module()  # first: coreai.authoring's imports are order-sensitive
     from coreai._compiler.dialects import coreai as cai
     from coreai._compiler.ir import (DenseElementsAttr, DenseResourceElementsAttr, InsertionPoint, IntegerType,
                                      RankedTensorType, WalkResult)
-
-    from recurrent_coreai.coreai import reproducible
-
-    asset = importlib.import_module(reproducible.ASSET)  # the lowering's own entry points, as _write_odix calls them
     from coreai._compiler._mlir_libs._coreaiIR._bindings.compiler import copy_constant_value_to_array
 
     src = Path(aimodel) / "main.mlirb"
     if not src.is_file():
         raise PipelineError(aimodel, "has no main.mlirb", "re-run the export stage")
     require_space(out_dir, int(src.stat().st_size * FOLDED_RATIO) + (8 << 20), f"the folded lowering of {Path(aimodel).name}")
-    module = asset.load_module_from_bytecode(context=Context()._mlir_context, path=src)  # noqa: SLF001 - as _write_odix
+    module = lowering.load_program(aimodel)  # the aot stage's lowering reads it the same way
 
     def ops_named(name: str) -> list:
         found = []
@@ -197,8 +195,8 @@ def fold_constants(aimodel: Path, out_dir: Path, matmul_min: int = MATMUL_MIN) -
         raise NothingToFold(f"{Path(aimodel).name} has no {OP} and no {MATMUL} of a constant of at least "
                             f"{matmul_min} values: nothing to fold")
     with reproducible.lowering_scope():
-        asset.compile_to_binary(module=module, output_directory=out_dir, enable_debug_info=False)
-        asset.serialize_module_to_odix(module=module, path=out_dir / "main-universal.odix")
+        lowering.compile_module(module, out_dir)
+        lowering.write_odix(module, out_dir)
     return {"folded_ops": len(ops), "distinct_weights": len(values), "folded_weights": int(weights),
             "moved_matmuls": len(matmuls),
             "moved_weights": int(sum(int(np.prod(v.type.shape)) for v in moved.values()))}

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from recurrent_coreai.coreai import lowering
 from recurrent_coreai.coreai.reproducible.patches import PATCHES
 from recurrent_coreai.coreai.toolchain import versions
 
@@ -37,6 +38,10 @@ class Need:
     bytes: bool = False  # without it, bundles built are not byte-reproducible (they still build)
     check: Callable[[], bool] | None = None  # an internal's assumption check (live checks only)
     text: str | None = None  # the assumption, as reproducible/patches.py states it
+    # where the pipeline goes without it: the targets that fallback uses, and what it costs. A miss
+    # whose fallback holds degrades to ``instead``; with the fallback missing too, to ``degrades``
+    or_else: tuple[str, ...] = ()
+    instead: str | None = None
 
     @property
     def package(self) -> str:
@@ -52,7 +57,11 @@ FOLD_FAILS = "the gate cannot fold constants (gate_lowering.py): a quantised or 
 RUNTIME_FAILS = "no bundle runs on this host: every gate (and generate) fails"
 QUANT_FAILS = "quantised recipes (int8keepproj, int8, int4keepproj, ...) fail to export; fp16/fp32 still build"
 
-# The public API (and the one private method) the pipeline calls, as it calls it.
+# what lowering.py reads and writes a program with, and the passes it runs without compile_to_binary
+_LOWERING_PARTS = (f"{_ASSET}:Context", f"{_ASSET}:load_module_from_bytecode", f"{_ASSET}:serialize_module_to_odix")
+_FALLBACK_PASSES = tuple(f"{lowering.NATIVE}:{name}" for name in ("apply_passes", "PassEntry", "Options"))
+
+# The public API (and the private methods) the pipeline calls, as it calls it.
 PUBLIC: tuple[Need, ...] = (
     Need("coreai_torch:TorchConverter.Mode.RELEASE", "convert.save_functions", EXPORT_FAILS),
     Need("coreai_torch:TorchConverter.add_exported_program", "convert.save_functions", EXPORT_FAILS),
@@ -62,11 +71,16 @@ PUBLIC: tuple[Need, ...] = (
     Need(f"{_ASSET}:AIModelAsset.update_metadata", "convert.save_functions (the fixed creation date)", EXPORT_FAILS),
     Need(f"{_ASSET}:AIModelAsset.summary", "runtime.bundle_signature (the export's function check)", EXPORT_FAILS),
     Need(f"{_ASSET}:AIModelAsset.is_valid", "runtime.lower_universal", LOWERING_FAILS),
-    Need(f"{_ASSET}:AIModelAsset._write_odix", "runtime.lower_universal (private: the Linux lowering)",
-         LOWERING_FAILS),
-    *(Need(target, "constant_fold", FOLD_FAILS) for target in (
-        f"{_ASSET}:Context", f"{_ASSET}:load_module_from_bytecode", f"{_ASSET}:compile_to_binary",
-        f"{_ASSET}:serialize_module_to_odix", "coreai._compiler.dialects.coreai:ConstantOp")),
+    Need(f"{_ASSET}:AIModelAsset._write_odix", "lowering.lower (private: the Linux lowering)", LOWERING_FAILS,
+         or_else=_LOWERING_PARTS, instead="lowering.lower reads main.mlirb, compiles and serialises it itself "
+         "(what _write_odix does)"),
+    Need(f"{_ASSET}:compile_to_binary", "lowering.compile_module (the fallback lowering, constant_fold)",
+         f"{LOWERING_FAILS} where _write_odix is missing; {FOLD_FAILS}", or_else=_FALLBACK_PASSES,
+         instead=f"lowering.compile_module runs the passes {lowering.FALLBACK} (what this coreai-core's own "
+         "AIModelAsset.executable() runs)"),
+    *(Need(target, "lowering (the fallback lowering), constant_fold",
+           f"{LOWERING_FAILS} where _write_odix is missing; {FOLD_FAILS}") for target in _LOWERING_PARTS),
+    Need("coreai._compiler.dialects.coreai:ConstantOp", "constant_fold", FOLD_FAILS),
     *(Need(target, "constant_fold (fp32 matmuls)", FOLD_FAILS) for target in (
         "coreai._compiler.dialects.coreai:TransposeOp", "coreai._compiler.dialects.coreai:BroadcastingBatchMatmul",
         f"{_IR}:DenseElementsAttr", f"{_IR}:IntegerType", f"{_IR}:RankedTensorType")),
@@ -196,16 +210,21 @@ def check(live: bool = True) -> list[dict]:
     otherwise only the targets are looked up in the packages' files."""
     from recurrent_coreai.coreai.reproducible.patches import miss, target_missing
 
+    def missing(target: str) -> str | None:
+        return target_missing(target) if live else static_missing(target)
+
     out = []
     for need in contract():
-        why = target_missing(need.target) if live else static_missing(need.target)
+        why = missing(need.target)
         if why is None and live and need.check is not None:
             try:
                 why = None if need.check() else f"changed: NOT TRUE ANY MORE: {need.text}"
             except Exception as exc:  # noqa: BLE001 - a changed internal is what we report
                 why = f"changed: NOT TRUE ANY MORE: {need.text} ({type(exc).__name__}: {exc})"
         if why is not None:
-            out.append(miss(need.target, why, need.degrades, need.bytes, need.text) | {"kind": need.kind})
+            fallback = need.or_else and not any(missing(t) for t in need.or_else)
+            out.append(miss(need.target, why, need.instead if fallback else need.degrades, need.bytes, need.text)
+                       | {"kind": need.kind})
     return out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,12 +117,13 @@ def share_packed(state_dict: dict, before: dict, packed: dict[int, tuple]) -> No
             packed[id(old)] = (old, tensor)
 
 
-def save_functions(traced: list[Traced], out: Path, release: bool = False) -> None:
+def save_functions(traced: list[Traced], out: Path, release: bool = False) -> dict:
     """ONE converter, one ``add_exported_program`` per function, one ``to_coreai``: a single
     ``.aimodel`` at ``out`` (weights of identical value, dtype and shape are stored once),
-    byte-reproducible (seeded by the bundle's name) with a fixed creation date. With
-    ``release``, each weight's torch storage is freed once converted (the traced module is
-    left empty; see :func:`.reproducible.constants_released`)."""
+    byte-reproducible (seeded by the bundle's name) with a fixed creation date, its states Core AI
+    states (:func:`promote_states`). With ``release``, each weight's torch storage is freed once
+    converted (the traced module is left empty; see :func:`.reproducible.constants_released`).
+    Returns the saved bundle's signature (:func:`.runtime.bundle_signature`)."""
     import coreai_torch
     from coreai.authoring.asset import AIModelAsset
 
@@ -146,8 +148,49 @@ def save_functions(traced: list[Traced], out: Path, release: bool = False) -> No
         trim_heap()
         program.save_asset(out)
         del program
+        trim_heap()
+        signature = promote_states(out, sorted({s for t in traced for s in t.states}))
     trim_heap()
     AIModelAsset.load(out).update_metadata(lambda m: setattr(m, "creation_date", REPRODUCIBLE_EPOCH))
+    return signature
+
+
+def promote_states(out: Path, states: list[str]) -> dict:
+    """Where the converter left the model's ``states`` as plain arguments and results of every
+    function of the saved bundle ``out`` (coreai-torch 0.4.2 marks them only with a
+    ``MutableBuffers.buffer_mutation`` attribute, and leaves to the caller the pre-compilation
+    rewrite 0.4.3 runs inside ``to_coreai``), run that rewrite, coreai-core's public
+    ``AIProgram.optimize()``, which makes them Core AI states, and save the bundle again (inside
+    the caller's :func:`.reproducible.export_scope`, as the first save); said once
+    per run as a toolchain miss (export.json ``toolchain_misses``). Returns the bundle's signature
+    (:func:`.runtime.bundle_signature`) as saved last. A bundle that holds its states, or a
+    coreai-core without ``optimize``, is left as it is (the export's
+    :func:`~recurrent_coreai.stages.export.check_states_kept` then says what is wrong)."""
+    from coreai.authoring.asset import AIModelAsset
+
+    from recurrent_coreai.coreai.reproducible.patches import miss, warn_misses
+    from recurrent_coreai.coreai.runtime import bundle_signature
+
+    signature = bundle_signature(out)
+    arguments = {t["name"] for f in signature.values() for t in f["inputs"]}
+    held = {t["name"] for f in signature.values() for t in f["states"]}
+    if not states or held or not set(states) <= arguments:
+        return signature
+    program = AIModelAsset.load(out).program
+    if not callable(getattr(program, "optimize", None)):
+        return signature
+    program.optimize()
+    staged = out.with_name(f".{out.stem}.promoted{out.suffix}")
+    program.save_asset(staged)
+    del program
+    shutil.rmtree(out)
+    staged.rename(out)
+    trim_heap()
+    warn_misses([miss("coreai_torch:TorchConverter.to_coreai", f"left the states {', '.join(states)} as plain "
+                      "arguments and results (MutableBuffers.buffer_mutation)", "convert.promote_states made them "
+                      "Core AI states with coreai-core's AIProgram.optimize() (the rewrite coreai-torch 0.4.3 runs "
+                      "in to_coreai)", False)])
+    return bundle_signature(out)
 
 
 # what the converter writes beyond the weights (graph, metadata), as a share of them and a constant
@@ -180,8 +223,6 @@ def convert(family, module: torch.nn.Module, out: Path, chunk: int, states: tupl
     prefill function adds — a few graph ops if the weights are stored once. That second
     conversion runs only if ``decode_only``, else the value is None. ``release`` frees the
     module's weights as they are converted (it is empty afterwards)."""
-    from recurrent_coreai.coreai.runtime import bundle_signature
-
     traced = [trace(e, family, module, chunk, states) for e in ENTRY_POINTS]
     trim_heap()
     # LLVM's output stream meets a full disk with "LLVM ERROR: IO failure" and exits the process:
@@ -193,8 +234,7 @@ def convert(family, module: torch.nn.Module, out: Path, chunk: int, states: tupl
             alone = Path(tmp) / out.name
             save_functions([t for t in traced if t.entry.role == DECODE], alone)
             size_decode_only = bundle_bytes(alone)
-    save_functions(traced, out, release=release)
-    signature = bundle_signature(out)
+    signature = save_functions(traced, out, release=release)
     if sorted(signature) != sorted(t.entry.name for t in traced):
         raise PipelineError(out, f"holds functions {sorted(signature)}, not the {len(traced)} staged "
                             f"({', '.join(t.entry.name for t in traced)})", "this is a bug in the converter or in "

@@ -1,9 +1,8 @@
 """The one place that talks to the Core AI runtime (coreai-core) on this host.
 
 * :func:`lower_universal` writes the Linux ahead-of-time form (``.aimodelx``: one
-  ``*-universal.odix`` holding every function of the bundle) through coreai-core's private
-  ``AIModelAsset._write_odix`` — the Linux counterpart of ``xcrun coreai-build compile``;
-  wrapped here so a coreai-core upgrade touches one function.
+  ``*-universal.odix`` holding every function of the bundle) — the Linux counterpart of
+  ``xcrun coreai-build compile``; how it lowers on the installed coreai-core is :mod:`.lowering`.
 * :class:`DecodeSession` loads a lowered bundle and runs its decode function token by token
   with the two states kept between calls (they mutate in place).
 * :class:`PromptSession` also runs the chunked prefill function on the same states: a prompt's
@@ -52,10 +51,10 @@ def lower_universal(aimodel: Path, out_dir: Path) -> None:
     # is checked first (the lowered form measured 1.02-1.10x its .aimodel)
     bundle = sum(f.stat().st_size for f in Path(aimodel).rglob("*") if f.is_file())
     require_space(out_dir, int(bundle * LOWERED_RATIO) + LOWERED_SLACK, f"the lowering of {Path(aimodel).name}")
-    from recurrent_coreai.coreai import reproducible
+    from recurrent_coreai.coreai import lowering, reproducible
 
     with reproducible.lowering_scope():  # canonical register order: byte-identical .odix
-        AIModelAsset.load(aimodel)._write_odix(out_dir)  # noqa: SLF001 - see module docstring
+        lowering.lower(aimodel, out_dir)
 
 
 _NDARRAY = re.compile(r"^NDArray \((\w+), ([0-9 ×]+)\)$")

@@ -137,7 +137,9 @@ def context(model: str, cfg: dict, source_manifest: dict, exports: dict[str, dic
             "larger_than_fp16": larger_than_fp16(name, mcfg["recipes"], cfg["recipes"], exports),
             # a toolchain the reproducible-build patches do not fit (export.json; docs/toolchain.md)
             "byte_reproducible": exp.get("byte_reproducible", True),
-            "toolchain_misses": [m for m in exp.get("toolchain_misses", []) if m["bytes"]],
+            "toolchain_misses": list({m["why"]: m for m in exp.get("toolchain_misses", []) if m["bytes"]}.values()),
+            # what the export did instead, costing no bytes (e.g. states promoted: coreai/convert.py)
+            "toolchain_notes": [m for m in exp.get("toolchain_misses", []) if not m["bytes"]],
         })
     targets = []
     for t in mcfg["targets"]:
