@@ -51,6 +51,14 @@ def test_a_live_miss_is_one_line_saying_what_degrades(monkeypatch):
                     f"coreai_opt.ExportBackend -- degrades: {tc.QUANT_FAILS}")
 
 
+def test_two_entries_of_one_missing_module_are_one_line():
+    """graph_builder:choice and graph_builder:_randomize_fn_name both miss as "no module …graph_builder"."""
+    def m(target, why):
+        return {"package": "coreai-core", "version": "1.0.0b2", "target": target, "why": why, "degrades": "d"}
+    misses = [m("a:choice", "no module a"), m("b:choice", "no module b"), m("a:_randomize_fn_name", "no module a")]
+    assert tc.miss_lines(misses) == [tc.miss_line(misses[0]), tc.miss_line(misses[1])]
+
+
 def test_a_changed_internal_is_a_live_miss(monkeypatch):
     import coreai.authoring.asset as asset
 

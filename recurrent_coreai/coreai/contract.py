@@ -234,6 +234,11 @@ def miss_line(m: dict) -> str:
                     .split())
 
 
+def miss_lines(misses: list[dict]) -> list[str]:
+    """:func:`miss_line` of each miss, each line once (two entries of one missing module read alike)."""
+    return list(dict.fromkeys(miss_line(m) for m in misses))
+
+
 def degraded_fields(misses: list[dict]) -> dict:
     """What a record (export.json) adds when the reproducible-build patches did not all apply:
     nothing on a toolchain they fit."""
@@ -254,8 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.json:
         print(json.dumps({"versions": versions(), "checked": len(contract()), "misses": misses}, sort_keys=True))
     else:
-        for m in misses:
-            print(miss_line(m))
+        for line in miss_lines(misses):
+            print(line)
         print(f"toolchain contract: {len(contract()) - len(misses)}/{len(contract())} hold "
               f"({', '.join(f'{p} {v}' for p, v in versions().items() if p.startswith('coreai'))})")
     return 0

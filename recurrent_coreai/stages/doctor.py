@@ -167,8 +167,8 @@ def doctor_bundle(sources: list[Path], checkpoint: Path | None, export_dir: Path
         read_manifest(Path(checkpoint))  # the source stage's bytes, as it recorded them
     result = lint(sources, checkpoint, bundle, record)
     misses = contract.check(live=False)
-    for m in misses:
-        stage.log.warning("%s", contract.miss_line(m))
+    for line in contract.miss_lines(misses):
+        stage.log.warning("%s", line)
     if misses:
         result["toolchain_contract"] = misses
     for report in result["reports"]:

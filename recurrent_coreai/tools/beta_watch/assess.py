@@ -50,7 +50,7 @@ def numbers(results: Path, model: str, recipe: str) -> dict:
         out["size_bytes"] = exp["size_bytes"] if out["size_bytes"] is None else out["size_bytes"]
         # a bundle built where the reproducible-build patches did not all apply (docs/toolchain.md)
         out["byte_reproducible"] = exp.get("byte_reproducible", True)
-        out["toolchain_misses"] = [m["why"] for m in exp.get("toolchain_misses", []) if m["bytes"]]
+        out["toolchain_misses"] = list(dict.fromkeys(m["why"] for m in exp.get("toolchain_misses", []) if m["bytes"]))
     stats = export_stats(lay.log(f"export-{recipe}"), model, recipe)
     if stats:
         out["export_seconds"], out["export_peak_rss_mb"] = stats["seconds"], stats["rss_mb"]

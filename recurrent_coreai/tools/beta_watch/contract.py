@@ -15,7 +15,7 @@ CHECK = "recurrent_coreai.coreai.contract"
 def check_contract(python: str, tree: Path, env: dict) -> list[dict]:
     """The misses of the contract with the new versions (``python``: the beta venv's), printed one
     line each. A check that cannot run at all is an error: the rebuild would fail the same way."""
-    from recurrent_coreai.coreai.contract import miss_line
+    from recurrent_coreai.coreai.contract import miss_lines
 
     proc = subprocess.run([python, "-m", CHECK, "--json"], cwd=tree, env=env, capture_output=True, text=True)
     lines = proc.stdout.strip().splitlines()
@@ -29,6 +29,6 @@ def check_contract(python: str, tree: Path, env: dict) -> list[dict]:
                             f"run `{python} -m {CHECK}` to see why")
     held = got["checked"] - len(got["misses"])
     print(f"beta-watch: toolchain contract with the new versions: {held}/{got['checked']} hold", flush=True)
-    for m in got["misses"]:
-        print(f"  {miss_line(m)}", flush=True)
+    for line in miss_lines(got["misses"]):
+        print(f"  {line}", flush=True)
     return got["misses"]

@@ -34,14 +34,14 @@ def comparable(old: dict, new: dict) -> bool:
 
 def degraded_lines(report: dict) -> list[str]:
     """The toolchain contract's misses in the new venv and the bundles built not byte-reproducibly."""
-    from recurrent_coreai.coreai.contract import miss_line
+    from recurrent_coreai.coreai.contract import miss_lines
 
     misses = (report.get("contract") or {}).get("new") or []
     rows = [(r, side) for r in report["recipes"] for side in ("old", "new") if r[side].get("byte_reproducible") is False]
     if not misses and not rows:
         return []
     out = ["", "## Toolchain contract", ""]
-    out += [f"- {miss_line(m)}" for m in misses] or ["The new versions hold the whole contract."]
+    out += [f"- {line}" for line in miss_lines(misses)] or ["The new versions hold the whole contract."]
     out += [f"- {r['model']}/{r['recipe']} ({side}): not byte-reproducible ({'; '.join(r[side]['toolchain_misses'])}); "
             "its digest is not comparable" for r, side in rows]
     return out
