@@ -4,7 +4,7 @@ coreai-torch 0.4.2 leaves a model's states as plain arguments of every function.
 here, on the pins, by monkeypatching, and what the pipeline does instead is checked against what it
 does on the pins:
 
-* the lowering without ``_write_odix`` and ``compile_to_binary`` (coreai/lowering.py: the passes
+* on rwkv7-trained fp16 (a trained model): the lowering without ``_write_odix`` and ``compile_to_binary`` (coreai/lowering.py: the passes
   1.0.0b2's own ``executable()`` runs) gives the same logits and states, bit for bit, as the
   aot stage's lowering of the same bundle; the contract says what degrades, and says the lowering
   fails when the fallback's bindings are gone too;
@@ -64,11 +64,31 @@ def _without_the_rewrite(monkeypatch, optimize: bool) -> None:
                             raising=False)
 
 
+MODEL = "rwkv7-trained"  # rwkv7 with a 256-id head: an export and a runtime call cost less than rwkv7-tiny's
+
+
+@pytest.fixture(autouse=True)
+def _no_decode_only_conversion(monkeypatch):
+    """These bundles only feed the checks below: skip the second conversion behind size_bytes_decode_only."""
+    monkeypatch.setattr(export, "DECODE_ONLY_MAX_PARAMS", 0)
+
+
 @pytest.fixture(scope="module")
-def pinned(tiny_source, cfg, tmp_path_factory):
-    """rwkv7-tiny fp16 exported and lowered on the pins; its numbers."""
+def source(cfg, tmp_path_factory):
+    from recurrent_coreai.stages.source import build_source
+
+    out = tmp_path_factory.mktemp("trained") / "source"
+    build_source(MODEL, cfg["models"][MODEL], cfg["vocab"], out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pinned(source, cfg, tmp_path_factory):
+    """rwkv7-trained fp16 exported and lowered on the pins; its numbers."""
     out = tmp_path_factory.mktemp("pinned")
-    rec = export.export_recipe(RWKV7, tiny_source, "fp16", cfg["recipes"]["fp16"], "b", out, CHUNK)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(export, "DECODE_ONLY_MAX_PARAMS", 0)
+        rec = export.export_recipe(RWKV7, source, "fp16", cfg["recipes"]["fp16"], "b", out, CHUNK)
     return out, rec, _numbers(_lowered(rec, out), rec)
 
 
@@ -107,13 +127,13 @@ def test_without_the_fallbacks_bindings_too_the_contract_says_the_lowering_fails
 
 
 def test_states_left_as_arguments_are_promoted_recorded_and_give_the_same_numbers(
-        pinned, tiny_source, cfg, monkeypatch, tmp_path, caplog):
+        pinned, source, cfg, monkeypatch, tmp_path, caplog):
     _, _, want = pinned
     _without_the_rewrite(monkeypatch, optimize=True)
     recs = []
     with caplog.at_level(logging.WARNING):
         for run in ("a", "b"):
-            recs.append(export.export_recipe(RWKV7, tiny_source, "fp16", cfg["recipes"]["fp16"], "b",
+            recs.append(export.export_recipe(RWKV7, source, "fp16", cfg["recipes"]["fp16"], "b",
                                              tmp_path / run, CHUNK))
     rec = recs[0]
     assert {n: [t["name"] for t in f["states"]] for n, f in rec["functions"].items()} == \
@@ -130,9 +150,9 @@ def test_states_left_as_arguments_are_promoted_recorded_and_give_the_same_number
     assert _same(_numbers(_lowered(rec, tmp_path / "a"), rec), want)
 
 
-def test_states_left_as_arguments_without_optimize_are_refused_in_one_line(tiny_source, cfg, monkeypatch, tmp_path):
+def test_states_left_as_arguments_without_optimize_are_refused_in_one_line(source, cfg, monkeypatch, tmp_path):
     _without_the_rewrite(monkeypatch, optimize=False)
     with pytest.raises(PipelineError, match=r"made function '(main|prefill)' hold states \[\], not \['recState', "
                        r"'shiftState'\] \(recState, shiftState became plain inputs and outputs\)"):
-        export.export_recipe(RWKV7, tiny_source, "fp16", {"dtype": "float16"}, "b", tmp_path / "x", CHUNK)
+        export.export_recipe(RWKV7, source, "fp16", {"dtype": "float16"}, "b", tmp_path / "x", CHUNK)
     assert not (tmp_path / "x").exists(), "nothing written"
