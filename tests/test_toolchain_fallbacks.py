@@ -2,9 +2,9 @@
 coreai-core 1.0.0b2 has no ``AIModelAsset._write_odix`` and no ``compile_to_binary``, and
 coreai-torch 0.4.2 leaves a model's states as plain arguments of every function. Each is taken away
 here, on the pins, by monkeypatching, and what the pipeline does instead is checked against what it
-does on the pins:
+does on the pins, on rwkv7-trained fp16 (a trained model):
 
-* on rwkv7-trained fp16 (a trained model): the lowering without ``_write_odix`` and ``compile_to_binary`` (coreai/lowering.py: the passes
+* the lowering without ``_write_odix`` and ``compile_to_binary`` (coreai/lowering.py: the passes
   1.0.0b2's own ``executable()`` runs) gives the same logits and states, bit for bit, as the
   aot stage's lowering of the same bundle; the contract says what degrades, and says the lowering
   fails when the fallback's bindings are gone too;
