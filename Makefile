@@ -73,8 +73,9 @@ mutate: setup
 # Issue 38: the scheduled rebuild from the previous real release. A clone of HEAD in $(BETA_DIR)
 # pinned (requirements.txt and envs/*.yaml, committed there) to coreai-core $(BETA_CORE) +
 # coreai-torch $(BETA_TORCH) (the pair apple/coreai-models pins) + coreai-opt $(BETA_OPT) (the release
-# before the pin; 0.2.1, whose [coreai] extra names b2, caps torch at 2.11); its own venv (torch 2.13.0 from local disk:
-# requirements.txt pins it, pip.conf's find-links serves it); the toolchain contract checked there;
+# before the pin; 0.2.1, whose [coreai] extra names b2, caps torch at 2.11); its own venv, made by
+# the clone's own `make setup` (torch 2.13.0 from local disk: requirements.txt pins it, pip.conf's
+# find-links serves it); the toolchain contract checked there;
 # the default DAG built there; then beta-watch --apply back to the newest releases (exit 0 or 1,
 # with its report). CPU heavy (the DAG twice); not part of make test. See docs/toolchain.md.
 BETA_DIR   ?= /tmp/recurrent-coreai-test-beta
@@ -88,9 +89,7 @@ test-beta:
 	  -e 's/^(\s*(- )?coreai-torch==)\S+/\1$(BETA_TORCH)/' -e 's/^(\s*(- )?coreai-opt==)\S+/\1$(BETA_OPT)/' \
 	  requirements.txt envs/*.yaml && git -c user.name=test-beta -c user.email=test-beta@localhost commit -qam \
 	  "pins: coreai-core $(BETA_CORE), coreai-torch $(BETA_TORCH), coreai-opt $(BETA_OPT)"
-	cd $(BETA_DIR) && $(PY) -m venv .venv && .venv/bin/pip install -q $(UV) "$$(grep -m1 '^torch==' requirements.txt)" \
-	  && .venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode -r requirements-test.txt \
-	  && .venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
+	$(MAKE) -C $(BETA_DIR) setup PY=$(PY)
 	cd $(BETA_DIR) && .venv/bin/python -c "import torch; assert torch.__version__.split('+')[0] == '2.13.0', torch.__version__"
 	cd $(BETA_DIR) && PATH=$(BETA_PATH) python -m recurrent_coreai.coreai.contract
 	cd $(BETA_DIR) && PATH=$(BETA_PATH) bash -c 'time snakemake --cores 1 --keep-going publish'
