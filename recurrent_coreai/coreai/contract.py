@@ -59,7 +59,7 @@ QUANT_FAILS = "quantised recipes (int8keepproj, int8, int4keepproj, ...) fail to
 
 # what lowering.py reads and writes a program with, and the passes it runs without compile_to_binary
 _LOWERING_PARTS = (f"{_ASSET}:Context", f"{_ASSET}:load_module_from_bytecode", f"{_ASSET}:serialize_module_to_odix")
-_FALLBACK_PASSES = tuple(f"{lowering.NATIVE}:{name}" for name in ("apply_passes", "PassEntry", "Options"))
+_FALLBACK_BINDINGS = tuple(f"{lowering.NATIVE}:{name}" for name in ("apply_passes", "PassEntry", "Options"))
 
 # The public API (and the private methods) the pipeline calls, as it calls it.
 PUBLIC: tuple[Need, ...] = (
@@ -75,7 +75,7 @@ PUBLIC: tuple[Need, ...] = (
          or_else=_LOWERING_PARTS, instead="lowering.lower reads main.mlirb, compiles and serialises it itself "
          "(what _write_odix does)"),
     Need(f"{_ASSET}:compile_to_binary", "lowering.compile_module (the fallback lowering, constant_fold)",
-         f"{LOWERING_FAILS} where _write_odix is missing; {FOLD_FAILS}", or_else=_FALLBACK_PASSES,
+         f"{LOWERING_FAILS} where _write_odix is missing; {FOLD_FAILS}", or_else=_FALLBACK_BINDINGS,
          instead=f"lowering.compile_module runs the passes {lowering.FALLBACK} (what this coreai-core's own "
          "AIModelAsset.executable() runs)"),
     *(Need(target, "lowering (the fallback lowering), constant_fold",

@@ -65,15 +65,14 @@ def write_odix(module, out_dir: Path) -> None:
     asset_module().serialize_module_to_odix(module=module, path=Path(out_dir) / ODIX)
 
 
-def lower(aimodel: Path, out_dir: Path) -> str:
+def lower(aimodel: Path, out_dir: Path) -> None:
     """``aimodel`` lowered into ``out_dir`` (an existing, empty ``*.aimodelx`` directory) through
-    ``AIModelAsset._write_odix`` where the installed coreai-core has it (``"_write_odix"``), else
-    through :func:`load_program`, :func:`compile_module` and :func:`write_odix` (what it ran)."""
+    ``AIModelAsset._write_odix`` where the installed coreai-core has it, else through
+    :func:`load_program`, :func:`compile_module` and :func:`write_odix`."""
     asset = asset_module()
     if callable(getattr(asset.AIModelAsset, "_write_odix", None)):
         asset.AIModelAsset.load(aimodel)._write_odix(out_dir)  # noqa: SLF001 - the Linux lowering of 1.0.0b3
-        return "_write_odix"
+        return
     module = load_program(aimodel)
-    ran = compile_module(module, out_dir)
+    compile_module(module, out_dir)
     write_odix(module, out_dir)
-    return ran
