@@ -244,6 +244,61 @@ def test_an_interrupt_while_the_runtime_loads_is_exit_130_not_an_abort(tree):
             proc.stderr[-1500:]
 
 
+# The runtime's threads drop their references to the loop after a call returned (a load's: ms
+# later); at exit the process waits for them (RuntimeLoop.quiesce). A Python thread stands in for
+# the runtime's: it holds the loop and drops it LATE_S after the call returned.
+LATE_S = 0.02
+LATE_RELEASE = f"""
+import asyncio, sys, threading, time
+from recurrent_coreai.coreai.runtime import RuntimeLoop
+loop = RuntimeLoop()
+held = [loop]
+loop.run(asyncio.sleep(0))
+def runtime_thread():
+    time.sleep({LATE_S})
+    held.clear()
+    print("dropped", flush=True)
+threading.Thread(target=runtime_thread, daemon=True).start()
+sys.exit(0)
+"""
+
+
+def test_the_process_exits_only_after_the_runtime_threads_dropped_the_loop():
+    for _ in range(3):
+        proc = subprocess.run([sys.executable, "-c", LATE_RELEASE], cwd=ROOT, env=env(), capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0 and proc.stdout == "dropped\n", (proc.stdout, proc.stderr[-1500:])
+
+
+def test_quiesce_waits_quiet_s_after_the_last_change_and_not_when_long_quiet():
+    import asyncio
+    import threading
+
+    from recurrent_coreai.coreai.runtime import QUIET_S, RuntimeLoop
+
+    loop = RuntimeLoop()
+    try:
+        t0 = time.monotonic()
+        assert loop.quiesce() and time.monotonic() - t0 < QUIET_S, "no call ran on it: nothing to wait for"
+        held, dropped = [loop], []
+        loop.run(asyncio.sleep(0))
+        late = 4 * QUIET_S  # well after the call: the wait must have seen the drop
+
+        def runtime_thread():
+            time.sleep(late)
+            held.clear()
+            dropped.append(time.monotonic())
+
+        threading.Thread(target=runtime_thread, daemon=True).start()
+        assert loop.quiesce(quiet=late + QUIET_S) and dropped, "returned before the late drop"
+        assert time.monotonic() - dropped[0] >= QUIET_S, "returned less than QUIET_S after the last change"
+        time.sleep(QUIET_S)
+        t0 = time.monotonic()
+        assert loop.quiesce() and time.monotonic() - t0 < QUIET_S / 2, "quiet since the last call: returns at once"
+    finally:
+        loop.close()
+
+
 def test_the_gates_report_path_is_the_report_stages():
     lay = Layout("results", M)
     assert gate.stale_report(lay.gate_json("fp16")) == report.report_path(lay)

@@ -17,17 +17,22 @@ session closes cleanly (an interrupted call leaves the runtime's task behind: SI
 
 A call is over only when the runtime's thread has left Python (:class:`RuntimeLoop`): the runtime
 hands each result back from its own thread, which can still be waiting for the GIL after the main
-thread has the result; had the interpreter exited then, the process aborted at exit.
+thread has the result; had the interpreter exited then, the process aborted at exit. The
+runtime's threads also drop their references to the loop after a call has returned: at exit, the
+process waits until they are done (:meth:`RuntimeLoop.quiesce`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import re
 import signal
+import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +96,19 @@ def state_spec(export_record: dict) -> tuple[dict[str, tuple[int, ...]], np.dtyp
 
 
 SETTLE_POLL_S, SETTLE_LIMIT_S = 0.0005, 10.0  # RuntimeLoop.settle: how often it looks, how long at most
+# RuntimeLoop.quiesce at exit: how long the loop's reference count must stay unchanged, how long at most
+QUIET_S, QUIET_LIMIT_S = 0.05, 2.0
+_LOOPS: weakref.WeakSet = weakref.WeakSet()  # every RuntimeLoop still alive: quiesced at exit
+
+
+def _quiesce_at_exit() -> None:
+    """atexit (before the interpreter starts finalising, so a runtime thread may still take the GIL):
+    let every live loop's runtime threads drop what they still hold (:meth:`RuntimeLoop.quiesce`)."""
+    for loop in list(_LOOPS):
+        loop.quiesce()
+
+
+_quiesce_at_exit.registered = False
 
 
 class RuntimeLoop(asyncio.SelectorEventLoop):
@@ -105,11 +123,26 @@ class RuntimeLoop(asyncio.SelectorEventLoop):
     ("C++ exception handling detected but the Swift runtime was compiled with exceptions disabled",
     SIGABRT, exit 134; backtrace: ``_swift_exceptionPersonality`` <- ``_Unwind_ForcedUnwind`` <-
     ``pthread_exit`` <- ``take_gil`` <- ``sock_send`` on a DispatchWorker thread while the main
-    thread is in ``Py_FinalizeEx``). :meth:`run` therefore returns only after :meth:`settle`."""
+    thread is in ``Py_FinalizeEx``). :meth:`run` therefore returns only after :meth:`settle`.
+
+    The same thread can also come back later: when the runtime's task ends, the Swift objects that
+    held this loop are released, each taking the GIL (``PyGILState_Ensure``) to drop its
+    reference (backtrace: ``take_gil`` <- ``PyGILState_Ensure`` <- ``_swift_release_dealloc``, main
+    thread in ``Py_FinalizeEx``; 1 exit in 60-400 right after an interrupted load, under load). A
+    load's releases come after its result (the loop's reference count: 5 before, 13 when the
+    result is there, 7 a moment later). Nothing tells when they are over, so at exit, while a
+    runtime thread may still take the GIL, :meth:`quiesce` waits until the reference count of every
+    live loop has not changed for :data:`QUIET_S` since its last call returned (none of 700 such
+    exits aborted then, under the same load)."""
 
     def __init__(self):
         super().__init__()
         self._inside = 0  # runtime threads inside call_soon_threadsafe (changed under the GIL)
+        self._returned: float | None = None  # when run last returned (time.monotonic)
+        if not _quiesce_at_exit.registered:
+            atexit.register(_quiesce_at_exit)  # once per process (atexit keeps duplicates)
+            _quiesce_at_exit.registered = True
+        _LOOPS.add(self)
 
     def call_soon_threadsafe(self, callback, *args, context=None):
         self._inside += 1
@@ -130,12 +163,31 @@ class RuntimeLoop(asyncio.SelectorEventLoop):
             time.sleep(SETTLE_POLL_S)
         return not self._inside
 
+    def quiesce(self, quiet: float = QUIET_S, limit: float = QUIET_LIMIT_S) -> bool:
+        """Wait, the GIL released, until this loop's reference count has not changed for ``quiet``
+        seconds (at most ``limit``): the runtime's threads have dropped what they still held of it.
+        Whether it went quiet. The quiet time counts from the last call's return: a loop whose last
+        call returned ``quiet`` seconds ago, the interpreter running all along, returns at once."""
+        if self._returned is None:
+            return True  # no runtime task ever ran on it
+        deadline = time.monotonic() + limit
+        last, since = sys.getrefcount(self), self._returned
+        while time.monotonic() < deadline:
+            if time.monotonic() - since >= quiet and not self._inside:
+                return True
+            time.sleep(SETTLE_POLL_S * 2)
+            now = sys.getrefcount(self)
+            if now != last:
+                last, since = now, time.monotonic()
+        return False
+
     def run(self, awaitable):
         """``run_until_complete``, then :meth:`settle`: the runtime's thread is out of Python."""
         try:
             return self.run_until_complete(awaitable)
         finally:
             self.settle()
+            self._returned = time.monotonic()
 
 
 @contextlib.contextmanager
