@@ -106,12 +106,19 @@ def test_the_shipped_mamba2_1_3b_shape_passes_the_doctor(recipe, tmp_path):
 @pytest.fixture(scope="module")
 def state_spaces_exports(tmp_path_factory, cfg):
     """A small Mamba-2 in the state-spaces layout (config.json vocab_size 1030, padded to 1040),
-    normalised by the source stage, exported as fp16 and as HEAD."""
+    normalised by the source stage, exported as fp16 and as HEAD: built once per session for this
+    file and tests/test_doctor_derived.py (repo_copies.shared_build). Read-only here: the tests
+    write their doctor.json elsewhere (tests/test_doctor_derived.py's, once, beside it)."""
     pytest.importorskip("coreai_torch")
+    from repo_copies import shared_build
+
+    return shared_build(tmp_path_factory, "padded-mamba2", lambda root: _padded_exports(root, cfg) and {})[0]
+
+
+def _padded_exports(root: Path, cfg: dict) -> bool:
     from recurrent_coreai.stages import export
     from recurrent_coreai.stages.source import build_source
 
-    root = tmp_path_factory.mktemp("padded")
     synthetic = root / "synthetic"
     model = {"family": "mamba2", "license": "apache-2.0",
              "source": {"kind": "synthetic", "seed": 5, "layout": "mamba-ssm", "shape": SHAPE}}
@@ -131,11 +138,11 @@ def state_spaces_exports(tmp_path_factory, cfg):
     for recipe, spec in (("fp16", FP16), ("head", HEAD)):
         export.export_recipe(MAMBA2, source, recipe, spec, f"padded-{recipe}", root / "export" / recipe, chunk=16)
     patch.undo()
-    return root
+    return True
 
 
-def test_fp16_of_a_padded_vocab_passes_and_records_the_finding_as_not_applicable(state_spaces_exports):
-    root, out = state_spaces_exports, state_spaces_exports / "fp16.doctor.json"
+def test_fp16_of_a_padded_vocab_passes_and_records_the_finding_as_not_applicable(state_spaces_exports, tmp_path):
+    root, out = state_spaces_exports, tmp_path / "fp16.doctor.json"
     sources = [ROOT / s for s in MAMBA2.doctor_sources()]
     result = doctor.doctor_bundle(sources, root / "source", root / "export" / "fp16", out)
     assert result["exit_status"] < doctor.FAIL_STATUS and out.is_file()
@@ -150,11 +157,11 @@ def test_fp16_of_a_padded_vocab_passes_and_records_the_finding_as_not_applicable
     assert checkpoint["doctor_exit_status"] == doctor.FAIL_STATUS and checkpoint["exit_status"] < doctor.FAIL_STATUS
 
 
-def test_a_recipe_quantising_the_padded_head_passes_its_blocks_run_along_the_inputs(state_spaces_exports):
+def test_a_recipe_quantising_the_padded_head_passes_its_blocks_run_along_the_inputs(state_spaces_exports, tmp_path):
     """HEAD quantises the 1040 x 64 head in blocks of 32 along its 64 inputs: the vocabulary's 1030
     rows need no block (issue 34, case 9: a gdn's 1000-row head failed int8keepstate), so the
     finding is recorded as not applicable and the stage passes."""
-    root, out = state_spaces_exports, state_spaces_exports / "head.doctor.json"
+    root, out = state_spaces_exports, tmp_path / "head.doctor.json"
     sources = [ROOT / s for s in MAMBA2.doctor_sources()]
     result = doctor.doctor_bundle(sources, root / "source", root / "export" / "head", out)
     assert result["exit_status"] < doctor.FAIL_STATUS and out.exists()
