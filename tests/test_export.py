@@ -180,3 +180,24 @@ def test_a_function_without_the_planned_quantised_weights_is_refused():
     convert.check_quantized({"main": {"quantized_weights": 1}, "prefill": {"quantized_weights": 1}}, layers, "q")
     with pytest.raises(PipelineError, match="function prefill holds 0 quantised weights, the plan has 1"):
         convert.check_quantized({"main": {"quantized_weights": 1}, "prefill": {"quantized_weights": 0}}, layers, "q")
+
+
+def test_imports_frozen_freezes_what_was_there_collects_what_is_made_and_hands_it_back():
+    """The export's collections between phases skip the imports' objects (frozen for the block);
+    a cycle made inside the block is still collected, and after the block nothing stays frozen."""
+    import gc
+    import weakref
+
+    class Cycle:
+        pass
+
+    assert gc.get_freeze_count() == 0
+    with convert.imports_frozen():
+        assert gc.get_freeze_count() > 100_000  # torch's, coreai-torch's, ... objects
+        made = Cycle()
+        made.me = made
+        gone = weakref.ref(made)
+        del made
+        gc.collect()
+        assert gone() is None, "garbage made inside the block must still be collected"
+    assert gc.get_freeze_count() == 0

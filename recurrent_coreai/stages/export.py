@@ -11,7 +11,8 @@ function), the bundle size with and without the prefill function, and the toolch
 Memory: the weights are read one tensor at a time straight into the recipe's dtype onto a
 module built on the meta device, a quantised recipe quantises each linear as soon as it is read,
 and the conversion frees each torch weight once its Core AI constant holds it; the glibc heap is
-trimmed between phases. ``size_bytes_decode_only`` needs a second conversion of the decode
+trimmed between phases, each time after a full garbage collection that walks only what the export
+made (the imports' objects are frozen meanwhile: ``convert.imports_frozen``). ``size_bytes_decode_only`` needs a second conversion of the decode
 function alone: above ``DECODE_ONLY_MAX_PARAMS`` parameters it is skipped and recorded as null.
 """
 
@@ -24,7 +25,7 @@ import torch
 
 from recurrent_coreai.checkpoints.reader import stream_checkpoint
 from recurrent_coreai.coreai import contract, quantize, reproducible, toolchain
-from recurrent_coreai.coreai.convert import check_quantized, convert, map_large_allocations, trim_heap
+from recurrent_coreai.coreai.convert import check_quantized, convert, imports_frozen, map_large_allocations, trim_heap
 from recurrent_coreai.coreai.entrypoints import DECODE, by_role
 from recurrent_coreai.coreai.stateful import PREFILL_CHUNK  # the default; config.yaml's prefill.chunk is the setting
 from recurrent_coreai.pipeline import stage
@@ -127,47 +128,48 @@ def export_recipe(family, source_dir: Path, recipe_name: str, recipe: dict, bund
         raise PipelineError(f"recipe {recipe_name}", "weight quantisation is only supported on a float16 graph",
                             "set dtype: float16 for a quantised recipe")
     t0 = time.perf_counter()
-    map_large_allocations()
-    module, layers, geom = load_module(family, source_dir, dtype, q, recipe_name, geometry)
-    states = tuple(s.name for s in family.state_specs(geom))
-    with atomic_path(out_dir, directory=True) as tmp:
-        aimodel = tmp / f"{bundle}.aimodel"
-        try:
-            with reproducible.collect_misses() as misses:  # patches a toolchain lacks: skipped, said below
-                converted = convert(family, module, aimodel, chunk, states, release=True,
-                                    decode_only=family.parameter_count(geom) <= DECODE_ONLY_MAX_PARAMS)
-        except PipelineError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the converter raises many types
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise PipelineError(f"export {recipe_name}", f"conversion failed ({type(exc).__name__}: {first})",
-                                "check the recipe; run with the pinned toolchain (make setup)") from None
-        functions = converted["functions"]
-        check_states_kept(functions, states, recipe_name)
-        check_quantized(functions, layers, recipe_name)
-        decode = next(f for f in functions.values() if f["role"] == DECODE)
-        files = tree_manifest(aimodel)
-        record = {
-            "recipe": recipe_name, "recipe_spec": recipe, "bundle": aimodel.name,
-            "functions": functions, "prefill_chunk": chunk,
-            # every function has these names and states (their shapes per function are in `functions`)
-            "inputs": [t["name"] for t in decode["inputs"]], "outputs": [t["name"] for t in decode["outputs"]],
-            "states": {t["name"]: t["shape"] for t in decode["states"]},
-            "state_dtype": recipe["dtype"], "geometry": geom.as_dict(),
-            # ONE plan: every function is built over the same quantised module (see functions.*.quantized_weights)
-            "quantization_applies_to": sorted(functions) if q else [],
-            "quantized": [r for r in layers if r["action"].startswith("int")],
-            "kept": [r for r in layers if not r["action"].startswith("int")],
-            "size_bytes": sum(f["size"] for f in files.values()),
-            # null above DECODE_ONLY_MAX_PARAMS parameters (a second conversion would be needed)
-            "size_bytes_decode_only": converted["size_bytes_decode_only"], "files": files,
-            "toolchain": toolchain.versions(),
-            # only on a toolchain the reproducible-build patches do not fit (docs/toolchain.md)
-            **contract.degraded_fields(misses),
-        }
-        write_sealed(tmp / EXPORT, record, "export")  # sealed: see pipeline/records.py
-    record["export_seconds"] = round(time.perf_counter() - t0, 2)
-    return record
+    with imports_frozen():  # the collections between phases walk only what the export makes
+        map_large_allocations()
+        module, layers, geom = load_module(family, source_dir, dtype, q, recipe_name, geometry)
+        states = tuple(s.name for s in family.state_specs(geom))
+        with atomic_path(out_dir, directory=True) as tmp:
+            aimodel = tmp / f"{bundle}.aimodel"
+            try:
+                with reproducible.collect_misses() as misses:  # patches a toolchain lacks: skipped, said below
+                    converted = convert(family, module, aimodel, chunk, states, release=True,
+                                        decode_only=family.parameter_count(geom) <= DECODE_ONLY_MAX_PARAMS)
+            except PipelineError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the converter raises many types
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise PipelineError(f"export {recipe_name}", f"conversion failed ({type(exc).__name__}: {first})",
+                                    "check the recipe; run with the pinned toolchain (make setup)") from None
+            functions = converted["functions"]
+            check_states_kept(functions, states, recipe_name)
+            check_quantized(functions, layers, recipe_name)
+            decode = next(f for f in functions.values() if f["role"] == DECODE)
+            files = tree_manifest(aimodel)
+            record = {
+                "recipe": recipe_name, "recipe_spec": recipe, "bundle": aimodel.name,
+                "functions": functions, "prefill_chunk": chunk,
+                # every function has these names and states (their shapes per function are in `functions`)
+                "inputs": [t["name"] for t in decode["inputs"]], "outputs": [t["name"] for t in decode["outputs"]],
+                "states": {t["name"]: t["shape"] for t in decode["states"]},
+                "state_dtype": recipe["dtype"], "geometry": geom.as_dict(),
+                # ONE plan: every function is built over the same quantised module (see functions.*.quantized_weights)
+                "quantization_applies_to": sorted(functions) if q else [],
+                "quantized": [r for r in layers if r["action"].startswith("int")],
+                "kept": [r for r in layers if not r["action"].startswith("int")],
+                "size_bytes": sum(f["size"] for f in files.values()),
+                # null above DECODE_ONLY_MAX_PARAMS parameters (a second conversion would be needed)
+                "size_bytes_decode_only": converted["size_bytes_decode_only"], "files": files,
+                "toolchain": toolchain.versions(),
+                # only on a toolchain the reproducible-build patches do not fit (docs/toolchain.md)
+                **contract.degraded_fields(misses),
+            }
+            write_sealed(tmp / EXPORT, record, "export")  # sealed: see pipeline/records.py
+        record["export_seconds"] = round(time.perf_counter() - t0, 2)
+        return record
 
 
 @main_guard
