@@ -51,17 +51,27 @@ def imports_frozen():
     coreai-torch, coreai's authoring: ~310,000 tracked objects, 0.2-0.35 s a full collection on
     this project's host) is imported first, collected once and frozen for the block
     (``gc.freeze``), then handed back to the collector (``gc.unfreeze``). Nothing the block makes
-    is frozen: its garbage is collected as before."""
+    is frozen: its garbage is collected as before. Inside another such block it does nothing (the
+    outer block's freeze holds)."""
+    global _frozen
+    if _frozen:
+        yield
+        return
     with contextlib.suppress(ImportError):  # what is missing fails where it is used, with its own line
         import coreai_torch  # noqa: F401 - imported here for its objects to be frozen
         import torch.export  # noqa: F401
         from coreai.authoring import asset  # noqa: F401
     gc.collect()
     gc.freeze()
+    _frozen = True
     try:
         yield
     finally:
+        _frozen = False
         gc.unfreeze()
+
+
+_frozen = False  # inside imports_frozen
 
 
 def map_large_allocations() -> None:
@@ -137,6 +147,7 @@ def share_packed(state_dict: dict, before: dict, packed: dict[int, tuple]) -> No
             packed[id(old)] = (old, tensor)
 
 
+@imports_frozen()
 def save_functions(traced: list[Traced], out: Path, release: bool = False) -> dict:
     """ONE converter, one ``add_exported_program`` per function, one ``to_coreai``: a single
     ``.aimodel`` at ``out`` (weights of identical value, dtype and shape are stored once),
@@ -232,6 +243,7 @@ def bundle_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
+@imports_frozen()
 def convert(family, module: torch.nn.Module, out: Path, chunk: int, states: tuple[str, ...],
             decode_only: bool = True, release: bool = False) -> dict:
     """Every entry point of ``module`` (``family``'s decode module, quantised or not; its state
