@@ -182,22 +182,40 @@ def test_a_function_without_the_planned_quantised_weights_is_refused():
         convert.check_quantized({"main": {"quantized_weights": 1}, "prefill": {"quantized_weights": 0}}, layers, "q")
 
 
+FROZEN = """
+import gc, weakref
+from recurrent_coreai.coreai import convert
+
+class Cycle:
+    pass
+
+assert gc.get_freeze_count() == 0
+with convert.imports_frozen():
+    frozen = gc.get_freeze_count()
+    assert frozen > 100_000, frozen  # torch's, coreai-torch's, ... objects
+    with convert.imports_frozen():  # inside: nothing more
+        assert gc.get_freeze_count() == frozen
+    made = Cycle()
+    made.me = made
+    gone = weakref.ref(made)
+    del made
+    gc.collect()
+    assert gone() is None, "garbage made inside the block must still be collected"
+assert gc.get_freeze_count() == 0
+gc.freeze()  # a process that froze its imports itself: left as it is
+with convert.imports_frozen():
+    pass
+assert gc.get_freeze_count() > 0
+print("ok")
+"""
+
+
 def test_imports_frozen_freezes_what_was_there_collects_what_is_made_and_hands_it_back():
     """The export's collections between phases skip the imports' objects (frozen for the block);
-    a cycle made inside the block is still collected, and after the block nothing stays frozen."""
-    import gc
-    import weakref
+    a cycle made inside the block is still collected, and after the block nothing stays frozen.
+    In a process of its own: nothing frozen before it."""
+    import subprocess
+    import sys
 
-    class Cycle:
-        pass
-
-    assert gc.get_freeze_count() == 0
-    with convert.imports_frozen():
-        assert gc.get_freeze_count() > 100_000  # torch's, coreai-torch's, ... objects
-        made = Cycle()
-        made.me = made
-        gone = weakref.ref(made)
-        del made
-        gc.collect()
-        assert gone() is None, "garbage made inside the block must still be collected"
-    assert gc.get_freeze_count() == 0
+    proc = subprocess.run([sys.executable, "-c", FROZEN], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

@@ -51,10 +51,10 @@ def imports_frozen():
     coreai-torch, coreai's authoring: ~310,000 tracked objects, 0.2-0.35 s a full collection on
     this project's host) is imported first, collected once and frozen for the block
     (``gc.freeze``), then handed back to the collector (``gc.unfreeze``). Nothing the block makes
-    is frozen: its garbage is collected as before. Inside another such block it does nothing (the
-    outer block's freeze holds)."""
+    is frozen: its garbage is collected as before. Inside another such block, or in a process that
+    froze its imports itself (``gc.get_freeze_count()``), it does nothing."""
     global _frozen
-    if _frozen:
+    if _frozen or gc.get_freeze_count():
         yield
         return
     with contextlib.suppress(ImportError):  # what is missing fails where it is used, with its own line
