@@ -5,7 +5,7 @@ instead of exiting 130, under CPU load -- with the exit wait of coreai/runtime.p
     python bench/bench_exit_race.py --aimodelx results/rwkv7-tiny/aot/universal/fp32/rwkv7-tiny-fp32.aimodelx \
         [--runs 700] [--hogs 3] [--without-quiesce] [--json out.json]
 
-Each run is the child of tests/test_faults_runtime.py's LOAD_INTERRUPTED: SIGINT right after the
+Each run is tests/test_faults_runtime.py's LOAD_INTERRUPTED (imported from there): SIGINT right after the
 runtime's load began, then the usual exit through main_guard. ``--hogs`` busy Python loops run
 beside it the whole time (the race needs a runtime thread kept off the CPU for a moment, as on a
 loaded CI machine). Prints (and writes) the count of each exit status.
@@ -25,26 +25,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CHILD = """
-import asyncio, atexit, os, signal, sys
-from pathlib import Path
+sys.path.insert(0, str(ROOT / "tests"))
+from test_faults_runtime import LOAD_INTERRUPTED  # noqa: E402 - the test's child, the one copy of it
+
+# --without-quiesce: the exit wait registered (by a first loop), then taken back, before the child runs
+WITHOUT = """
+import atexit
 import recurrent_coreai  # noqa: F401
-import coreai.runtime as rt
 from recurrent_coreai.coreai import runtime
-from recurrent_coreai.coreai.runtime import DecodeSession
-from recurrent_coreai.util.errors import main_guard
-real = rt.AIModel.load
-async def load(path):
-    task = asyncio.ensure_future(real(path))
-    await asyncio.sleep(0)  # the runtime's thread is loading now
-    os.kill(os.getpid(), signal.SIGINT)
-    return await task
-rt.AIModel.load = load
-if sys.argv[2] == "without":
-    runtime.RuntimeLoop()  # registers the exit wait; then take it back
-    atexit.unregister(runtime._quiesce_at_exit)
-main = main_guard(lambda: DecodeSession(Path(sys.argv[1]), {"s": (1,)}, "float32") and 0)
-sys.exit(main())
+runtime.RuntimeLoop()
+atexit.unregister(runtime._quiesce_at_exit)
 """
 
 
@@ -63,8 +53,8 @@ def main() -> int:
     t0 = time.monotonic()
     try:
         for _ in range(ns.runs):
-            proc = subprocess.run([sys.executable, "-c", CHILD, str(ns.aimodelx),
-                                   "without" if ns.without_quiesce else "with"], cwd=ROOT, capture_output=True,
+            child = (WITHOUT if ns.without_quiesce else "") + LOAD_INTERRUPTED
+            proc = subprocess.run([sys.executable, "-c", child, str(ns.aimodelx)], cwd=ROOT, capture_output=True,
                                   timeout=120, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                                   env={**os.environ, "RECURRENT_COREAI_PROGRESS": "0"})
             counts[proc.returncode] += 1
