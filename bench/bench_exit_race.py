@@ -28,12 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from test_faults_runtime import LOAD_INTERRUPTED  # noqa: E402 - the test's child, the one copy of it
 
-# --without-quiesce: the exit wait registered (by a first loop), then taken back, before the child runs
+# --without-quiesce: the exit wait (registered when the runtime module is imported) taken back first
 WITHOUT = """
 import atexit
 import recurrent_coreai  # noqa: F401
 from recurrent_coreai.coreai import runtime
-runtime.RuntimeLoop()
 atexit.unregister(runtime._quiesce_at_exit)
 """
 

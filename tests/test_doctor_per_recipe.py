@@ -112,10 +112,11 @@ def state_spaces_exports(tmp_path_factory, cfg):
     pytest.importorskip("coreai_torch")
     from repo_copies import shared_build
 
-    return shared_build(tmp_path_factory, "padded-mamba2", lambda root: _padded_exports(root, cfg) and {})[0]
+    return shared_build(tmp_path_factory, "padded-mamba2", lambda root: _padded_exports(root, cfg))[0]
 
 
-def _padded_exports(root: Path, cfg: dict) -> bool:
+def _padded_exports(root: Path, cfg: dict) -> dict:
+    """Builds into ``root``; returns shared_build's record (nothing to record)."""
     from recurrent_coreai.stages import export
     from recurrent_coreai.stages.source import build_source
 
@@ -138,7 +139,7 @@ def _padded_exports(root: Path, cfg: dict) -> bool:
     for recipe, spec in (("fp16", FP16), ("head", HEAD)):
         export.export_recipe(MAMBA2, source, recipe, spec, f"padded-{recipe}", root / "export" / recipe, chunk=16)
     patch.undo()
-    return True
+    return {}
 
 
 def test_fp16_of_a_padded_vocab_passes_and_records_the_finding_as_not_applicable(state_spaces_exports, tmp_path):

@@ -53,8 +53,7 @@ def imports_frozen():
     (``gc.freeze``), then handed back to the collector (``gc.unfreeze``). Nothing the block makes
     is frozen: its garbage is collected as before. Inside another such block, or in a process that
     froze its imports itself (``gc.get_freeze_count()``), it does nothing."""
-    global _frozen
-    if _frozen or gc.get_freeze_count():
+    if gc.get_freeze_count():  # frozen already: by an outer block, or by the process itself
         yield
         return
     with contextlib.suppress(ImportError):  # what is missing fails where it is used, with its own line
@@ -63,15 +62,10 @@ def imports_frozen():
         from coreai.authoring import asset  # noqa: F401
     gc.collect()
     gc.freeze()
-    _frozen = True
     try:
         yield
     finally:
-        _frozen = False
         gc.unfreeze()
-
-
-_frozen = False  # inside imports_frozen
 
 
 def map_large_allocations() -> None:

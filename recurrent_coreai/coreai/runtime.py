@@ -108,7 +108,7 @@ def _quiesce_at_exit() -> None:
         loop.quiesce()
 
 
-_quiesce_at_exit.registered = False
+atexit.register(_quiesce_at_exit)
 
 
 class RuntimeLoop(asyncio.SelectorEventLoop):
@@ -139,9 +139,6 @@ class RuntimeLoop(asyncio.SelectorEventLoop):
         super().__init__()
         self._inside = 0  # runtime threads inside call_soon_threadsafe (changed under the GIL)
         self._returned: float | None = None  # when run last returned (time.monotonic)
-        if not _quiesce_at_exit.registered:
-            atexit.register(_quiesce_at_exit)  # once per process (atexit keeps duplicates)
-            _quiesce_at_exit.registered = True
         _LOOPS.add(self)
 
     def call_soon_threadsafe(self, callback, *args, context=None):

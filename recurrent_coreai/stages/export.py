@@ -12,8 +12,9 @@ Memory: the weights are read one tensor at a time straight into the recipe's dty
 module built on the meta device, a quantised recipe quantises each linear as soon as it is read,
 and the conversion frees each torch weight once its Core AI constant holds it; the glibc heap is
 trimmed between phases, each time after a full garbage collection that walks only what the export
-made (the imports' objects are frozen meanwhile: ``convert.imports_frozen``). ``size_bytes_decode_only`` needs a second conversion of the decode
-function alone: above ``DECODE_ONLY_MAX_PARAMS`` parameters it is skipped and recorded as null.
+made (the imports' objects are frozen meanwhile: ``convert.imports_frozen``).
+``size_bytes_decode_only`` needs a second conversion of the decode function alone: above
+``DECODE_ONLY_MAX_PARAMS`` parameters it is skipped and recorded as null.
 """
 
 from __future__ import annotations
