@@ -9,10 +9,13 @@ instead whenever it does not.
   row equals the aot stage's lowering's (the runtime's own dequantisation is the independent
   side), the scratch lowering is gone afterwards, and the build's gate JSON and card say so;
 * a folded lowering that differs in one bit, or a fold that fails, is not used, and the record
-  says why; an fp16 bundle (its linears are conv2d) has nothing to fold and runs the aot lowering;
-* on the shared build's rwkv7-tiny fp32 bundle (a 65536-row head): the folded lowering moves the
-  head's matmul in both functions, and its logits and states over a prompt and a generated stream
-  are bit for bit the aot stage's lowering's; the build's gate ran it.
+  says why; an fp16 bundle with a 256-id head (its linears are small conv2d) has nothing to fold
+  and runs the aot lowering;
+* on the shared build's rwkv7-tiny fp32 and fp16 bundles (a 65536-row head): the folded lowering
+  moves the head's matmul (fp32) or 1 x 1 convolution (fp16, run as an fp32 matmul rounded once)
+  in both functions, and its logits and states over a prompt and a generated stream are bit for
+  bit the aot stage's lowering's; the build's gates ran it, the int8keepproj one too (its head,
+  dequantised, is an fp16 convolution).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from recurrent_coreai.coreai.constant_fold import MATMUL_MIN, dequantise
+from recurrent_coreai.coreai.constant_fold import MATMUL_MIN, dequantise, describe
 from recurrent_coreai.coreai.runtime import PromptSession
 from recurrent_coreai.pipeline import config
 from recurrent_coreai.pipeline.paths import Layout
@@ -113,26 +116,28 @@ def test_a_fold_that_fails_runs_the_aot_lowering_and_says_why(tiny_results, tmp_
                                    "coreai.add, not a constant)")
 
 
-def test_an_fp16_bundle_has_nothing_to_fold_and_runs_the_aot_lowering(tiny_results, tmp_path):
-    _, _, inputs = _inputs(tiny_results, "fp16")
+def test_an_fp16_bundle_with_a_small_head_has_nothing_to_fold_and_runs_the_aot_lowering(tiny_results, tmp_path):
+    _, _, inputs = _inputs(tiny_results, "fp16")  # 256 x 128 and smaller: every conv2d under MATMUL_MIN
     with gate_lowering.gate_lowering(inputs, tmp_path / "g.json") as (lowering, ran):
         assert lowering == inputs["aimodelx"] and ran == {"ran": gate_lowering.PIPELINE}
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_fp32_world_vocabulary_gate_runs_the_head_on_the_weight_stored_transposed(tiny_results, tmp_path):
+WORLD_HEAD = 65536 * 128  # rwkv7-tiny's head: the one weight of at least MATMUL_MIN values
+
+
+@pytest.mark.parametrize("recipe, moved", [("fp32", {"moved_matmuls": 2, "moved_convs": 0}),
+                                           ("fp16", {"moved_matmuls": 0, "moved_convs": 2})])
+def test_a_world_vocabulary_gate_runs_the_head_on_the_weight_stored_transposed(tiny_results, tmp_path, recipe, moved):
     from recurrent_coreai.coreai.constant_fold import fold_constants
 
-    recipe = "fp32"
     lay, _, inputs = _inputs(tiny_results, recipe, model="rwkv7-tiny")
     folded = tmp_path / inputs["aimodelx"].name
     folded.mkdir()
     info = fold_constants(inputs["aimodel"], folded)
-    vocab, hidden = 65536, 128
-    assert vocab * hidden >= MATMUL_MIN
+    assert WORLD_HEAD >= MATMUL_MIN
     # the head of main and of prefill, one weight moved once; nothing else is that large
-    assert info == {"folded_ops": 0, "distinct_weights": 0, "folded_weights": 0, "moved_matmuls": 2,
-                    "moved_weights": vocab * hidden}
+    assert info == {"folded_ops": 0, "distinct_weights": 0, "folded_weights": 0, **moved, "moved_weights": WORLD_HEAD}
     # the runtime's own kernel on the shipped program is the other side: a prefill chunk, then 40
     # decode steps, every logits vector and both states after each call, bit for bit
     tokens = [int(t) for t in inputs["stream"]["prefill_tokens"]]
@@ -143,10 +148,31 @@ def test_an_fp32_world_vocabulary_gate_runs_the_head_on_the_weight_stored_transp
             sa, sb = a.state_arrays(), b.state_arrays()
             assert all(sa[n].tobytes() == sb[n].tobytes() for n in sa)
     built = json.loads(lay.gate_json(recipe).read_text())
-    assert [{k: r.get(k) for k in ("ran", "moved_matmuls", "bit_identical")} for r in built["lowering_runs"]] == \
-        [{"ran": gate_lowering.FOLDED, "moved_matmuls": 2, "bit_identical": True}]
-    assert "its 2 matmuls by a large constant weight run on that weight stored transposed (the same products), " \
-           "bit-identical to the aot stage's lowering on 3 calls" in lay.card.read_text()
+    assert [{k: r.get(k) for k in ("ran", *moved, "bit_identical")} for r in built["lowering_runs"]] == \
+        [{"ran": gate_lowering.FOLDED, **moved, "bit_identical": True}]
+    assert f"{describe(info)}, bit-identical to the aot stage's lowering on 3 calls" in lay.card.read_text()
+
+
+def test_the_world_vocabulary_int8_gate_runs_its_dequantised_head_as_an_fp32_matmul(tiny_results):
+    """The int8keepproj head is dequantised by the fold, then reshaped for its 1 x 1 convolution:
+    moved too, as the build's gate record and card say (the prefill check and every decode step
+    of that gate bit-identical to the aot lowering is the previous test's; here the record)."""
+    lay = Layout(tiny_results, "rwkv7-tiny")
+    built = json.loads(lay.gate_json("int8keepproj").read_text())
+    (run,) = built["lowering_runs"]
+    assert run["ran"] == gate_lowering.FOLDED and run["bit_identical"] is True
+    assert run["folded_ops"] > 0 and run["moved_convs"] == 2 and run["moved_weights"] == WORLD_HEAD
+    assert describe(run) in lay.card.read_text()
+
+
+def test_describe_names_each_part_of_the_fold():
+    assert describe({"folded_ops": 10, "moved_matmuls": 0, "moved_convs": 1}) == (
+        "its int8 dequantisation evaluated once instead of on every call and its 1 fp16 1 x 1 convolution by a "
+        "large constant weight run as fp32 matmuls on that weight widened and stored transposed, rounded once to "
+        "fp16 (the runtime sums such a convolution in fp32)")
+    assert describe({"moved_matmuls": 2}) == ("its 2 matmuls by a large constant weight run on that weight stored "
+                                              "transposed (the same products)")
+    assert describe({"folded_ops": 0, "moved_matmuls": 0, "moved_convs": 0}) == ""
 
 
 def test_matmuls_whose_weights_exceed_the_cap_are_left_as_they_are(tiny_results, tmp_path, monkeypatch):
@@ -155,6 +181,15 @@ def test_matmuls_whose_weights_exceed_the_cap_are_left_as_they_are(tiny_results,
     lay = Layout(tiny_results, "rwkv7-tiny")
     bundle = next(lay.export("fp32").glob("*.aimodel"))
     monkeypatch.setattr(constant_fold, "MATMUL_MAX_BYTES", 65536 * 128 * 4 - 1)  # one byte under the head
+    with pytest.raises(constant_fold.NothingToFold, match="nothing to fold"):
+        constant_fold.fold_constants(bundle, tmp_path)
+
+
+def test_convolutions_whose_fp32_copies_exceed_the_cap_are_left_as_they_are(tiny_results, tmp_path, monkeypatch):
+    from recurrent_coreai.coreai import constant_fold
+
+    bundle = next(Layout(tiny_results, "rwkv7-tiny").export("fp16").glob("*.aimodel"))
+    monkeypatch.setattr(constant_fold, "CONV_MAX_BYTES", WORLD_HEAD * 4 - 1)  # one byte under the head's fp32 copy
     with pytest.raises(constant_fold.NothingToFold, match="nothing to fold"):
         constant_fold.fold_constants(bundle, tmp_path)
 

@@ -27,10 +27,20 @@ what was tried), and the compiler's canonicalize and sccp passes change neither 
    :data:`MATMUL_MAX_BYTES` (a World-vocabulary tiny model's head: 32 MB; an fp32 1.5B model's
    linears, ~6 GB, are left as they are: the gate's sizing has no room for the copy).
 
-Neither is trusted by construction: the gate runs the result only after its logits and states
-agree bit for bit with the aot stage's lowering (stages/gate_lowering.py). (fp16 bundles hold
-their linears as 1 x 1 ``conv2d``: rewritten as a matmul they were 6x slower in this runtime and
-not bit-identical, so they are left as they are.) Everything else is the
+3. rewrites each fp16 ``coreai.conv2d`` (how an fp16 bundle holds a linear: a 1 x 1
+   convolution, which this runtime sums in fp32) of a constant weight ``W`` [M, K, 1, 1] of at
+   least :data:`MATMUL_MIN` values as the fp32 matmul ``x32 @ W32ᵀ`` rounded once to fp16, with
+   ``W32ᵀ`` (the weight widened, exactly, and stored transposed) a constant: the runtime's 1 x 1
+   convolution of a 65536-row head takes 42-59 ms, this form 4.9 ms, and over 30 inputs x 65536
+   outputs the two gave the same bits (numpy's fp32 sum differs in 2242 of them:
+   docs/measurements/2026-12-07-fp16-head-fold.md). Only where those weights total at most
+   :data:`CONV_MAX_BYTES` (a World-vocabulary tiny model's head, 32 MB; at 0.1B the head alone is
+   200 MB, which the gate's memory sizing has not been measured with, so larger models keep
+   their convolutions).
+
+None is trusted by construction: the gate runs the result only after its logits and states
+agree bit for bit with the aot stage's lowering (stages/gate_lowering.py). (An fp16 linear
+rewritten as an fp16 matmul was 6x slower in this runtime and not bit-identical.) Everything else is the
 pipeline's universal lowering: the same ``compile_to_binary`` (or, where coreai-core has none, the
 passes its own ``executable()`` runs) and ``serialize_module_to_odix`` that ``AIModelAsset._write_odix``
 calls (:mod:`.lowering`), inside :func:`.reproducible.lowering_scope`. The result is a
@@ -52,6 +62,7 @@ from recurrent_coreai.util.fsutil import require_space
 
 OP = "coreai.blockwise_shift_scale"
 MATMUL = "coreai.decomposable.broadcasting_batch_matmul"
+CONV = "coreai.conv2d"
 NP_TYPES = {"f16": np.float16, "f32": np.float32, "si8": np.int8, "ui8": np.uint8, "si32": np.int32, "ui32": np.uint32}
 # a smaller constant's matmul costs the runtime little a call (128 x 512: ~0.1 ms); a 65536-row
 # head is far above it
@@ -60,6 +71,9 @@ MATMUL_MIN = 1 << 20
 # The fold holds a moved copy beside the program, and resources.py sizes an fp32 gate shard at 1.5x
 # its weights with no room for it (measured only for the quantised fold: 2.9x at 1.5B)
 MATMUL_MAX_BYTES = 1 << 30
+# the fp32 copies of the fp16 convolutions' weights made at most (bytes): measured at the tiny
+# shapes only (rwkv7-tiny fp16: a 32 MB copy, the gate shard's peak RSS within its sizing)
+CONV_MAX_BYTES = 64 << 20
 
 
 class NothingToFold(ValueError):
@@ -83,6 +97,22 @@ def dequantise(q: np.ndarray, scale: np.ndarray, off1: np.ndarray, off2: np.ndar
         return np.broadcast_to(x, scale.shape).astype(np.float32).reshape(per_block)
     out = widen(scale) * (q.astype(np.float32).reshape(split) - widen(off1)) + widen(off2)
     return out.astype(np.float16).reshape(q.shape)
+
+
+def describe(info: dict) -> str:
+    """What :func:`fold_constants` did (its returned ``info``), in the words the card and the
+    report use after "run on a lowering of the shipped bundle with"."""
+    parts = []
+    if info.get("folded_ops"):
+        parts.append("its int8 dequantisation evaluated once instead of on every call")
+    if n := info.get("moved_matmuls"):
+        parts.append(f"its {n} matmul{'s' if n != 1 else ''} by a large constant weight run on that weight stored "
+                     "transposed (the same products)")
+    if n := info.get("moved_convs"):
+        parts.append(f"its {n} fp16 1 x 1 convolution{'s' if n != 1 else ''} by a large constant weight run as fp32 "
+                     "matmuls on that weight widened and stored transposed, rounded once to fp16 (the runtime sums "
+                     "such a convolution in fp32)")
+    return " and ".join(parts)
 
 
 def _constant(value, copy_constant_value_to_array, op: str = OP) -> np.ndarray:
@@ -110,19 +140,49 @@ def _matmul_by_constant(op, matmul_min: int) -> bool:
             and int(np.prod(c.type.shape)) >= matmul_min)
 
 
+def _reshaped_constant(value):
+    """The constant ``value`` holds, read through one ``coreai.reshape`` (how a quantised bundle
+    feeds a dequantised [M, K] weight to a convolution as [M, K, 1, 1]: the same values in the
+    same order); else None."""
+    if _is_constant(value):
+        return value
+    owner = value.owner
+    if getattr(owner, "name", None) == "coreai.reshape" and _is_constant(owner.operands[0]):
+        return owner.operands[0]
+    return None
+
+
+def _conv_by_constant(op, matmul_min: int, copy_constant_value_to_array) -> bool:
+    """An fp16 linear as a 1 x 1 convolution: input [1, K, 1, N] fp16, a constant weight
+    [M, K, 1, 1] (or a constant reshaped to it) of at least ``matmul_min`` values, stride and
+    dilation 1, one group."""
+    x, w, stride, dilation, groups = op.operands
+    if not (_reshaped_constant(w) is not None and all(map(_is_constant, (stride, dilation, groups)))
+            and not _is_constant(x)):
+        return False
+    xs, ws = list(x.type.shape), list(w.type.shape)
+    if not (len(xs) == 4 and len(ws) == 4 and xs[0] == 1 and xs[2] == 1 and ws[2:] == [1, 1] and xs[1] == ws[1]
+            and str(x.type.element_type) == "f16" and str(w.type.element_type) == "f16"
+            and ws[0] * ws[1] >= matmul_min):
+        return False
+    read = lambda v: _constant(v, copy_constant_value_to_array, CONV).reshape(-1).tolist()  # noqa: E731
+    return read(stride) == [1, 1] and read(dilation) == [1, 1] and read(groups) == [1]
+
+
 def fold_constants(aimodel: Path, out_dir: Path, matmul_min: int = MATMUL_MIN) -> dict:
     """Lower ``aimodel`` into ``out_dir`` (an existing, empty ``*.aimodelx`` directory) with every
-    dequantisation of constants folded and every matmul of a constant of at least ``matmul_min``
-    values on the constant stored transposed (module docstring). Returns what was done:
-    ``folded_ops``, ``distinct_weights``, ``folded_weights`` (int8 values dequantised),
-    ``moved_matmuls``, ``moved_weights`` (values of the distinct weights stored transposed). A
-    bundle with neither raises :class:`NothingToFold`."""
+    dequantisation of constants folded, every matmul of a constant of at least ``matmul_min``
+    values on the constant stored transposed, and every fp16 1 x 1 convolution of such a
+    constant as an fp32 matmul on it widened and stored transposed (module docstring). Returns
+    what was done: ``folded_ops``, ``distinct_weights``, ``folded_weights`` (int8 values
+    dequantised), ``moved_matmuls``, ``moved_convs``, ``moved_weights`` (values of the distinct
+    weights stored transposed). A bundle with none of these raises :class:`NothingToFold`."""
     from recurrent_coreai.coreai import lowering, reproducible
 
     lowering.asset_module()  # first: coreai.authoring's imports are order-sensitive
     from coreai._compiler.dialects import coreai as cai
-    from coreai._compiler.ir import (DenseElementsAttr, DenseResourceElementsAttr, InsertionPoint, IntegerType,
-                                     RankedTensorType, WalkResult)
+    from coreai._compiler.ir import (DenseElementsAttr, DenseResourceElementsAttr, F32Type, InsertionPoint,
+                                     IntegerType, RankedTensorType, WalkResult)
     from coreai._compiler._mlir_libs._coreaiIR._bindings.compiler import copy_constant_value_to_array
 
     src = Path(aimodel) / "main.mlirb"
@@ -147,7 +207,8 @@ def fold_constants(aimodel: Path, out_dir: Path, matmul_min: int = MATMUL_MIN) -
         """``op``'s uses now read ``result``; ``op`` is gone, its constant operands noted."""
         replaced.extend(v.owner for v in op.operands
                         if _is_constant(v) and not any(v.owner == o for o in replaced))
-        op.results[0].replace_all_uses_with(result)
+        if result is not None:  # None: an op nothing uses any more
+            op.results[0].replace_all_uses_with(result)
         op.erase()
 
     ops = ops_named(OP)
@@ -188,15 +249,48 @@ def fold_constants(aimodel: Path, out_dir: Path, matmul_min: int = MATMUL_MIN) -
                     [n, m], op.results[0].type.element_type)]).result
                 out = cai.TransposeOp(out_t, swap, results=[op.results[0].type]).result
             replace(op, out)
-        for const in replaced:  # the weights replaced: gone once nothing uses them
-            if not list(const.results[0].uses):
-                const.erase()
-    if not ops and not matmuls:
-        raise NothingToFold(f"{Path(aimodel).name} has no {OP} and no {MATMUL} of a constant of at least "
-                            f"{matmul_min} values: nothing to fold")
+
+        convs = [op for op in ops_named(CONV) if _conv_by_constant(op, matmul_min, copy_constant_value_to_array)]
+        widened = {str(_reshaped_constant(op.operands[1]).owner.attributes["value"]):
+                   4 * int(np.prod(op.operands[1].type.shape)) for op in convs}
+        if sum(widened.values()) > CONV_MAX_BYTES:
+            convs = []
+        f32 = F32Type.get()
+
+        def const(values: list[int]):
+            return cai.ConstantOp(value=DenseElementsAttr.get(np.array(values, np.uint32), type=RankedTensorType.get(
+                [len(values)], ui32))).result
+        for op in convs:
+            x, w = op.operands[0], _reshaped_constant(op.operands[1])
+            (m, k), n = op.operands[1].type.shape[:2], x.type.shape[3]
+            key = str(w.owner.attributes["value"])
+            with InsertionPoint(op), op.location:
+                if key not in moved:
+                    moved[key] = DenseResourceElementsAttr.get_from_buffer(np.ascontiguousarray(
+                        _constant(w, copy_constant_value_to_array, CONV).reshape(m, k).astype(np.float32).T),
+                        f"transposed_{len(moved)}", RankedTensorType.get([k, m], f32))
+                swap = const([1, 0])
+                x_kn = cai.ReshapeOp(x, const([k, n]), results=[RankedTensorType.get([k, n], x.type.element_type)]).result
+                x_nk = cai.TransposeOp(x_kn, swap, results=[RankedTensorType.get([n, k], x.type.element_type)]).result
+                wide = cai.CastOp(RankedTensorType.get([n, k], f32), x_nk).result
+                out32 = cai.BroadcastingBatchMatmul(wide, cai.ConstantOp(value=moved[key]).result,
+                                                   results=[RankedTensorType.get([n, m], f32)]).result
+                out16 = cai.CastOp(RankedTensorType.get([n, m], x.type.element_type), out32).result
+                out_mn = cai.TransposeOp(out16, swap, results=[RankedTensorType.get([m, n], x.type.element_type)]).result
+                out = cai.ReshapeOp(out_mn, const([1, m, 1, n]), results=[op.results[0].type]).result
+            reshaped = None if _is_constant(op.operands[1]) else op.operands[1].owner
+            replace(op, out)
+            if reshaped is not None and not list(reshaped.results[0].uses):  # the weight's reshape, unused now
+                replace(reshaped, None)
+        for weight in replaced:  # the weights replaced: gone once nothing uses them
+            if not list(weight.results[0].uses):
+                weight.erase()
+    if not ops and not matmuls and not convs:
+        raise NothingToFold(f"{Path(aimodel).name} has no {OP}, no {MATMUL} and no fp16 {CONV} of a constant of "
+                            f"at least {matmul_min} values: nothing to fold")
     with reproducible.lowering_scope():
         lowering.compile_module(module, out_dir)
         lowering.write_odix(module, out_dir)
     return {"folded_ops": len(ops), "distinct_weights": len(values), "folded_weights": int(weights),
-            "moved_matmuls": len(matmuls),
+            "moved_matmuls": len(matmuls), "moved_convs": len(convs),
             "moved_weights": int(sum(int(np.prod(v.type.shape)) for v in moved.values()))}

@@ -1,11 +1,13 @@
 """Which lowering of the shipped bundle a gate runs: the aot stage's, or the same program with the
 work the Linux runtime repeats on its constant weights done once (coreai/constant_fold.py: a
 quantised bundle's dequantisation; an fp32 bundle's matmuls by a large constant, on that constant
+stored transposed; an fp16 bundle's 1 x 1 convolutions by one, as fp32 matmuls on it widened and
 stored transposed) -- trusted only after it agrees with the aot stage's lowering bit for bit.
 
 The Linux runtime dequantises every int8 weight on every call (~75% of an int8 decode call; at
-1.5B ~40 s a call against fp16's ~7.5 s), and its kernel for a 65536-row fp32 head times a vector
-takes 29-32 ms where the transposed form takes 4.4-8.5 ms. Folding reads nothing but the shipped
+1.5B ~40 s a call against fp16's ~7.5 s), its kernel for a 65536-row fp32 head times a vector
+takes 29-32 ms where the transposed form takes 4.4-8.5 ms, and its fp16 1 x 1 convolution of that
+head 42-59 ms where the fp32 matmul rounded once takes 4.9 ms. Folding reads nothing but the shipped
 ``main.mlirb``. Before a single step is compared, one prefill chunk and :data:`FOLD_CHECK_DECODE`
 decode calls of the reference's prefill stream run through both lowerings from zero states; every
 logits vector and every state (after the chunk and at the end) must be equal bit for bit. Any
