@@ -601,6 +601,11 @@ def test_crlf_card_blocks_are_rewritten_not_duplicated():
     assert merged.endswith("notes\r\n")
 
 
+# rwkv7-tiny's fp16 and int8keepproj gates: the 65536-row head's 1 x 1 convolution, folded (coreai/constant_fold.py)
+HEAD_AS_MATMUL = ("its 2 fp16 1 x 1 convolutions by a large constant weight run as fp32 matmuls on that weight "
+                  "widened and stored transposed, rounded once to fp16 (the runtime sums such a convolution in fp32)")
+
+
 def test_pass_criteria_come_from_the_gate_results_and_a_models_own_thresholds_say_why(work, capsys):
     base = model_dir(work)
     why = "random weights put 3 reference margins inside int8's own error (README: int8keepproj at 1.5B)"
@@ -617,8 +622,8 @@ def test_pass_criteria_come_from_the_gate_results_and_a_models_own_thresholds_sa
                                             "0.75 of the steps (counted ")
     assert (", prefill max abs Δstate ≤ 0.03 of the state's own max abs value, near-tie epsilon 0.1; steps compared by "
             "1 gate shard (separate jobs); run on a lowering of the shipped bundle with its int8 dequantisation "
-            "evaluated once instead of on every call, bit-identical to the aot stage's lowering on 3 calls (logits and "
-            "states). " in lines["int8keepproj"])
+            f"evaluated once instead of on every call and {HEAD_AS_MATMUL}, bit-identical to the aot stage's lowering "
+            "on 3 calls (logits and states). " in lines["int8keepproj"])  # the dequantised head, moved too
     assert "dequantisation" not in lines["fp32"]  # an unquantised bundle: no dequantisation to fold
     assert lines["int8keepproj"].endswith(f"**This model sets its own thresholds for `int8keepproj`**: {why}")
     assert lines["fp32"] == (f"- `fp32`: top-1 agreement outside near-ties ≥ 1.0 on at least 0.8 of the steps {counted}, "
@@ -627,7 +632,8 @@ def test_pass_criteria_come_from_the_gate_results_and_a_models_own_thresholds_sa
                              "(separate jobs); run on a lowering of the shipped bundle with its 2 matmuls by a large "
                              "constant weight run on that weight stored transposed (the same products), bit-identical "
                              "to the aot stage's lowering on 3 calls (logits and states)")  # rwkv7-tiny's 65536-row head
-    assert "run on a lowering" not in lines["fp16"]  # fp16 (conv2d heads): nothing to fold, the aot lowering
+    assert lines["fp16"].endswith(f"; run on a lowering of the shipped bundle with {HEAD_AS_MATMUL}, bit-identical to "
+                                  "the aot stage's lowering on 3 calls (logits and states)")  # its conv2d head
     assert "own thresholds" not in lines["fp16"]
     shipped = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())["gate"]["thresholds"]["fp16"]
     rel = shipped["prefill_max_rel_dstate"]   # the card states the shipped relative state limit
@@ -640,8 +646,8 @@ def test_the_card_says_how_many_shards_compared_the_steps_and_how_they_started(w
     edit_json(model_dir(work) / "gate" / "fp16.json", shards={"count": 6, "steps": [0, 16, 16, 32, 32, 31],
                                                               "mid_prompt_starts": 1})
     line = next(x for x in block(render_card(work, capsys=capsys), "recipes").splitlines() if x.startswith("- `fp16`"))
-    assert line.endswith("; steps compared by 6 gate shards (separate jobs), 1 of them starting mid-prompt from the "
-                         "state the bundle's own prefill and decode made of the prompt's earlier tokens")
+    assert ("; steps compared by 6 gate shards (separate jobs), 1 of them starting mid-prompt from the state the "
+            "bundle's own prefill and decode made of the prompt's earlier tokens; run on a lowering" in line)
 
 
 def test_thresholds_without_the_optional_max_abs_dlogits_render(work, capsys):
@@ -653,7 +659,8 @@ def test_thresholds_without_the_optional_max_abs_dlogits_render(work, capsys):
     assert line == (f"- `fp16`: top-1 agreement outside near-ties ≥ 1.0 on at least 0.8 of the steps (counted "
                     f"{g['counted']} / {g['steps']}, prefill {g['prefill']['counted']} / {g['prefill']['steps']}), "
                     "prefill max abs Δstate ≤ 0.01 of the state's own max abs value, near-tie epsilon 0.1; steps "
-                    "compared by 1 gate shard (separate jobs)")
+                    f"compared by 1 gate shard (separate jobs); run on a lowering of the shipped bundle with "
+                    f"{HEAD_AS_MATMUL}, bit-identical to the aot stage's lowering on 3 calls (logits and states)")
 
 
 def test_a_recipe_gated_at_fewer_steps_says_so_with_the_models_reason(work, capsys):
