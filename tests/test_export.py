@@ -193,6 +193,9 @@ assert gc.get_freeze_count() == 0
 with convert.imports_frozen():
     frozen = gc.get_freeze_count()
     assert frozen > 100_000, frozen  # torch's, coreai-torch's, ... objects
+    import sys
+    # and what torch.export imports at its first call (else each collection walks ~140,000 more)
+    assert {"torch._dynamo", "sympy", "networkx"} <= set(sys.modules), "torch.export's lazy imports not frozen"
     with convert.imports_frozen():  # inside: nothing more
         assert gc.get_freeze_count() == frozen
     made = Cycle()

@@ -48,8 +48,9 @@ def trim_heap() -> None:
 def imports_frozen():
     """The block's full garbage collections (:func:`trim_heap`, 7-8 in an export) walk only the
     objects made inside it. What the converter's imports leave (torch, ``torch.export``,
-    coreai-torch, coreai's authoring: ~310,000 tracked objects, 0.2-0.35 s a full collection on
-    this project's host) is imported first, collected once and frozen for the block
+    coreai-torch, coreai's authoring, and what ``torch.export`` imports at its first call:
+    ``torch._dynamo``, sympy, networkx, ...; ~340,000 tracked objects, 0.1-0.35 s a full
+    collection on this project's host) is imported first, collected once and frozen for the block
     (``gc.freeze``), then handed back to the collector (``gc.unfreeze``). Nothing the block makes
     is frozen: its garbage is collected as before. Inside another such block, or in a process that
     froze its imports itself (``gc.get_freeze_count()``), it does nothing."""
@@ -60,6 +61,12 @@ def imports_frozen():
         import coreai_torch  # noqa: F401 - imported here for its objects to be frozen
         import torch.export  # noqa: F401
         from coreai.authoring import asset  # noqa: F401
+        # what torch.export imports at its first call (sympy, networkx, torch.distributed: ~1250
+        # modules, ~140,000 tracked objects, 0.1 s a collection were they not frozen)
+        import torch._dynamo  # noqa: F401
+        import torch._functorch.aot_autograd  # noqa: F401
+        import torch.export._trace  # noqa: F401
+        import torch.fx.experimental.proxy_tensor  # noqa: F401
     gc.collect()
     gc.freeze()
     try:
