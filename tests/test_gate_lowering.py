@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from recurrent_coreai.coreai.constant_fold import MATMUL_MIN, dequantise, describe
+from recurrent_coreai.coreai.constant_fold import MATMUL_MIN, dequantise
+from recurrent_coreai.coreai.fold_words import describe
 from recurrent_coreai.coreai.runtime import PromptSession
 from recurrent_coreai.pipeline import config
 from recurrent_coreai.pipeline.paths import Layout

@@ -99,22 +99,6 @@ def dequantise(q: np.ndarray, scale: np.ndarray, off1: np.ndarray, off2: np.ndar
     return out.astype(np.float16).reshape(q.shape)
 
 
-def describe(info: dict) -> str:
-    """What :func:`fold_constants` did (its returned ``info``), in the words the card and the
-    report use after "run on a lowering of the shipped bundle with"."""
-    parts = []
-    if info.get("folded_ops"):
-        parts.append("its int8 dequantisation evaluated once instead of on every call")
-    if n := info.get("moved_matmuls"):
-        parts.append(f"its {n} matmul{'s' if n != 1 else ''} by a large constant weight run on that weight stored "
-                     "transposed (the same products)")
-    if n := info.get("moved_convs"):
-        parts.append(f"its {n} fp16 1 x 1 convolution{'s' if n != 1 else ''} by a large constant weight run as fp32 "
-                     "matmuls on that weight widened and stored transposed, rounded once to fp16 (the runtime sums "
-                     "such a convolution in fp32)")
-    return " and ".join(parts)
-
-
 def _constant(value, copy_constant_value_to_array, op: str = OP) -> np.ndarray:
     """A constant operand's value, read as coreai-opt reads one (``_get_constant_value_as_np_array``)."""
     owner = value.owner
@@ -232,18 +216,28 @@ def fold_constants(aimodel: Path, out_dir: Path, matmul_min: int = MATMUL_MIN) -
         if sum(sizes.values()) > MATMUL_MAX_BYTES:
             matmuls = []
         moved, ui32 = {}, IntegerType.get_unsigned(32)
+
+        def const(values: list[int]):
+            """A ui32 vector constant (a permutation, a shape)."""
+            return cai.ConstantOp(value=DenseElementsAttr.get(np.array(values, np.uint32), type=RankedTensorType.get(
+                [len(values)], ui32))).result
+
+        def transposed(key: str, make, element_type):
+            """The weight ``key`` stored transposed (``make()``: its [K, M] values), made once per weight."""
+            if key not in moved:
+                values = np.ascontiguousarray(make())
+                moved[key] = DenseResourceElementsAttr.get_from_buffer(values, f"transposed_{len(moved)}",
+                                                                       RankedTensorType.get(list(values.shape), element_type))
+            return moved[key]
         for op in matmuls:
             c, y = op.operands
             (m, k), n = c.type.shape, y.type.shape[1]
             key = str(c.owner.attributes["value"])
             with InsertionPoint(op), op.location:
-                if key not in moved:
-                    moved[key] = DenseResourceElementsAttr.get_from_buffer(np.ascontiguousarray(
-                        _constant(c, copy_constant_value_to_array, MATMUL).T), f"transposed_{len(moved)}",
-                        RankedTensorType.get([k, m], c.type.element_type))
-                swap = cai.ConstantOp(value=DenseElementsAttr.get(np.array([1, 0], np.uint32),
-                                                                  type=RankedTensorType.get([2], ui32))).result
-                c_t = cai.ConstantOp(value=moved[key]).result
+                c_t_value = transposed(key, lambda: _constant(c, copy_constant_value_to_array, MATMUL).T,
+                                       c.type.element_type)
+                swap = const([1, 0])
+                c_t = cai.ConstantOp(value=c_t_value).result
                 y_t = cai.TransposeOp(y, swap, results=[RankedTensorType.get([n, k], y.type.element_type)]).result
                 out_t = cai.BroadcastingBatchMatmul(y_t, c_t, results=[RankedTensorType.get(
                     [n, m], op.results[0].type.element_type)]).result
@@ -256,24 +250,18 @@ def fold_constants(aimodel: Path, out_dir: Path, matmul_min: int = MATMUL_MIN) -
         if sum(widened.values()) > CONV_MAX_BYTES:
             convs = []
         f32 = F32Type.get()
-
-        def const(values: list[int]):
-            return cai.ConstantOp(value=DenseElementsAttr.get(np.array(values, np.uint32), type=RankedTensorType.get(
-                [len(values)], ui32))).result
         for op in convs:
             x, w = op.operands[0], _reshaped_constant(op.operands[1])
             (m, k), n = op.operands[1].type.shape[:2], x.type.shape[3]
             key = str(w.owner.attributes["value"])
             with InsertionPoint(op), op.location:
-                if key not in moved:
-                    moved[key] = DenseResourceElementsAttr.get_from_buffer(np.ascontiguousarray(
-                        _constant(w, copy_constant_value_to_array, CONV).reshape(m, k).astype(np.float32).T),
-                        f"transposed_{len(moved)}", RankedTensorType.get([k, m], f32))
+                w_t_value = transposed(key, lambda: _constant(w, copy_constant_value_to_array, CONV).reshape(m, k)
+                                       .astype(np.float32).T, f32)
                 swap = const([1, 0])
                 x_kn = cai.ReshapeOp(x, const([k, n]), results=[RankedTensorType.get([k, n], x.type.element_type)]).result
                 x_nk = cai.TransposeOp(x_kn, swap, results=[RankedTensorType.get([n, k], x.type.element_type)]).result
                 wide = cai.CastOp(RankedTensorType.get([n, k], f32), x_nk).result
-                out32 = cai.BroadcastingBatchMatmul(wide, cai.ConstantOp(value=moved[key]).result,
+                out32 = cai.BroadcastingBatchMatmul(wide, cai.ConstantOp(value=w_t_value).result,
                                                    results=[RankedTensorType.get([n, m], f32)]).result
                 out16 = cai.CastOp(RankedTensorType.get([n, m], x.type.element_type), out32).result
                 out_mn = cai.TransposeOp(out16, swap, results=[RankedTensorType.get([m, n], x.type.element_type)]).result

@@ -17,7 +17,7 @@ import yaml
 
 from recurrent_coreai import families, tokenizers
 from recurrent_coreai.pipeline import stage
-from recurrent_coreai.coreai import constant_fold
+from recurrent_coreai.coreai import fold_words
 from recurrent_coreai.coreai.entrypoints import DECODE, PREFILL, bundle_functions
 from recurrent_coreai.tokenizers import fit
 from recurrent_coreai.util.errors import PipelineError, main_guard
@@ -201,7 +201,7 @@ def template() -> jinja2.Template:
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              loader=jinja2.FunctionLoader(
                                  lambda name: resources.files(__package__).joinpath("templates", name).read_text()))
-    env.globals["fold_words"] = constant_fold.describe  # what the gate's fold did, as the report says it
+    env.globals["fold_words"] = fold_words.describe  # what the gate's fold did, as the report says it
     return env.get_template("model_card.md.j2")
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
-from recurrent_coreai.coreai import constant_fold
+from recurrent_coreai.coreai import fold_words
 from recurrent_coreai.pipeline import stage
 from recurrent_coreai.stages.doctor import doctor_json
 from recurrent_coreai.util.errors import PipelineError, main_guard
@@ -241,7 +241,7 @@ def template() -> jinja2.Template:
     env = jinja2.Environment(loader=jinja2.PackageLoader(__package__, "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     env.filters.update(mb=mb, g4=lambda v: f"{v:.4g}")
-    env.globals["fold_words"] = constant_fold.describe  # what the gate's fold did, as the card says it
+    env.globals["fold_words"] = fold_words.describe  # what the gate's fold did, as the card says it
     return env.get_template(TEMPLATE)
 
 
