@@ -203,3 +203,55 @@ def test_a_quantised_gate_shard_asks_for_the_folds_measured_peak():
     params = 1_527_000_000  # rwkv7-1.5b-shape
     assert resources.estimate("gate_shard", params, dtype="quantized")["mem_mb"] >= 8847
     assert resources.estimate("gate_shard", params, dtype="float16")["mem_mb"] < 8847  # fp16 folds nothing
+
+
+def test_a_chunk_wide_fp16_linear_of_another_shape_folds_to_the_same_bits(tmp_path):
+    """The convolution rewrite beyond the default heads (every one of them 1 column, 128 wide): an
+    fp16 linear as the pipeline writes it (layers.linear) of 12000 x 96 (just over MATMUL_MIN) over
+    an 8-token chunk (an input [1, 96, 1, 8]: the reshape and transposes with N = 8), exported,
+    lowered as the aot stage lowers it and folded; the folded lowering's outputs are the shipped
+    lowering's bit for bit, on inputs of several scales."""
+    import coreai.runtime as rt
+    import coreai_torch
+    import torch
+
+    from recurrent_coreai.coreai.constant_fold import fold_constants
+    from recurrent_coreai.coreai.layers import linear
+    from recurrent_coreai.coreai.runtime import RuntimeLoop, lower_universal
+
+    rows, width, tokens = 12000, 96, 8
+    assert rows * width >= MATMUL_MIN
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(3)
+            self.proj = torch.nn.Linear(width, rows, bias=False).half()
+
+        def forward(self, x):
+            return linear(self.proj, x)
+
+    ep = torch.export.export(Head().eval(), (torch.zeros(tokens, width, dtype=torch.float16),))
+    converter = coreai_torch.TorchConverter(mode=coreai_torch.TorchConverter.Mode.RELEASE)
+    converter.add_exported_program(ep.run_decompositions(coreai_torch.get_decomp_table()), input_names=["x"],
+                                   output_names=["out"], state_names=[], entrypoint_name="main")
+    aimodel, shipped, folded = tmp_path / "h.aimodel", tmp_path / "shipped.aimodelx", tmp_path / "folded.aimodelx"
+    converter.to_coreai().save_asset(aimodel)
+    shipped.mkdir()
+    folded.mkdir()
+    lower_universal(aimodel, shipped)
+    info = fold_constants(aimodel, folded)
+    assert info["moved_convs"] == 1 and info["moved_weights"] == rows * width and info["moved_matmuls"] == 0
+    xs = [(np.random.default_rng(i).standard_normal((tokens, width)) * scale).astype(np.float16)
+          for i, scale in enumerate((0.1, 1.0, 4.0, 30.0))]
+
+    async def outputs(lowering: Path) -> list[np.ndarray]:
+        fn = (await rt.AIModel.load(str(lowering))).load_function("main")
+        return [(await fn(inputs={"x": rt.NDArray(x)}, state={}))["out"].numpy().copy() for x in xs]
+    loop = RuntimeLoop()
+    try:
+        want, got = loop.run(outputs(shipped)), loop.run(outputs(folded))
+    finally:
+        loop.close()
+    assert [a.shape for a in want] == [(tokens, rows)] * len(xs)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(want, got))
