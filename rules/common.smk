@@ -7,7 +7,7 @@ from pathlib import Path
 
 from recurrent_coreai.pipeline import config as cfgmod
 from recurrent_coreai import families
-from recurrent_coreai.pipeline import fingerprint
+from recurrent_coreai.pipeline import fingerprint, warm
 from recurrent_coreai.coreai import toolchain
 from recurrent_coreai.pipeline import resources as sizing  # cluster resources from the model's size
 from recurrent_coreai.util import env, fsutil
@@ -114,16 +114,24 @@ def curated_card(w):
 
 
 onsuccess:
+    if said := warm.close_run():  # the warm process stopped: what it ran
+        print(said)
     # Record in DVC what this run built (and only that), so `dvc status` is clean and `dvc push` has it.
     shell(f"python scripts/dvc_record.py --config-file {CONFIG_FILE} --since {RUN_START!r}")
 
 
 onerror:
+    if said := warm.close_run():
+        print(said)
     # Jobs that finished before the failure are recorded too; a failed job leaves no output.
     shell(f"python scripts/dvc_record.py --config-file {CONFIG_FILE} --since {RUN_START!r} || true")
 
 
 onstart:
+    # The jobs of the stages that import torch run one after another in one warm process (started
+    # by the first of them): local execution in this environment only (pipeline/warm.py).
+    if getattr(workflow.executor_plugin, "name", None) == "local" and not workflow.deployment_settings.deployment_method:
+        warm.open_run(os.getpid())
     # Under the SLURM executor (profiles/slurm): the cluster must answer before any job is
     # submitted or any output of a --forcerun job is deleted (they are deleted when a job starts).
     if getattr(workflow.executor_plugin, "name", None) == "slurm":

@@ -29,6 +29,8 @@ import functools
 import hashlib
 from pathlib import Path
 
+from recurrent_coreai.pipeline import warm
+
 PACKAGE = Path(__file__).resolve().parents[1]
 ROOT = PACKAGE.parent
 NAME = PACKAGE.name
@@ -152,6 +154,8 @@ def code_files(rule: str, family: str | None = None, tokenizer: str | None = Non
     if rule == "stage_and_push":
         files |= {f for other in ATTESTED for f in code_files(other, family, tokenizer)}
     mods = set(modules(rule))
+    if f"{NAME}.{ENTRY[rule][1]}" in warm.SERVED:  # its script runs it through the run's warm process
+        mods |= set(module_closure(warm.__name__.removeprefix(NAME + ".")))
     if family is not None and rule in TOKENIZER_RULES:
         mods |= set(module_closure(tokenizer_module(family, tokenizer)))
     if family is not None and rule in FAMILY_RULES:
