@@ -151,6 +151,21 @@ def test_a_warm_process_left_with_more_memory_than_it_may_keep_ends_after_the_jo
     assert _log_lines(run)[-1].startswith("ran source exit 0")
 
 
+def test_a_warm_process_that_cannot_start_leaves_every_job_to_its_own_process(run, local, tmp_path):
+    Path(run).mkdir()  # the socket's path is taken: the warm process cannot listen there
+    for name in ("a", "b"):
+        r = _stage("source", "--model", MODEL, "--out", str(tmp_path / name), socket=run)
+        assert r.returncode == 0, r.stderr
+        assert _tree(tmp_path / name) == _tree(local["source"])
+        if name == "a":
+            pid = (Path(run).parent / "pid").read_text()
+    assert (Path(run).parent / "pid").read_text() == pid  # the second job did not try again
+    said = warm.close_run()
+    assert said.startswith(f"warm process: could not start (pid {pid} did not listen); every job ran in its own "
+                           "process\n"), said
+    assert "Address already in use" in said
+
+
 def test_switched_off_every_stage_runs_in_its_own_process(monkeypatch, run, tmp_path):
     r = _stage("source", "--model", MODEL, "--out", str(tmp_path / "s"), socket=run, **{warm.SWITCH_ENV: "0"})
     assert r.returncode == 0, r.stderr
@@ -165,13 +180,14 @@ def test_the_warm_process_refuses_a_job_after_a_code_change_or_elsewhere():
     module = ROOT / "recurrent_coreai" / "stages" / "source.py"
     st = module.stat()
     server.cwd, server.code = str(ROOT), {str(module): (st.st_mtime_ns, st.st_size)}
-    job = {"module": "recurrent_coreai.stages.source", "cwd": str(ROOT)}
+    job = {"module": "recurrent_coreai.stages.source", "cwd": str(ROOT), "package": str(warm.PACKAGE)}
     assert server.refused(job) is None
     server.code[str(module)] = (st.st_mtime_ns - 1, st.st_size)  # edited since the warm process loaded it
     assert server.refused(job) == f"code changed since it started: {module}"
     server.code[str(module)] = (st.st_mtime_ns, st.st_size)
     assert "another working directory" in server.refused({**job, "cwd": "/elsewhere"})
     assert "not served" in server.refused({**job, "module": "recurrent_coreai.stages.gate"})
+    assert "another copy of the package" in server.refused({**job, "package": "/elsewhere/recurrent_coreai"})
 
 
 def test_the_served_stages_code_sets_hold_the_warm_process_and_the_others_do_not():

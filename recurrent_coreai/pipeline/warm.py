@@ -15,8 +15,8 @@ How, for a job of a :data:`SERVED` stage (``scripts/<stage>.py`` calls :func:`ru
   jobs' environment) for local execution in Snakemake's own environment only (no ``--sdm
   conda``/apptainer), unless ``RECURRENT_COREAI_WARM=0``. ``dvc repro``, a stage run by hand and a
   cluster job never have it: they run in their own process, as before.
-* The first such job starts the warm process (``python -m recurrent_coreai.pipeline.warm``, with
-  the interpreter the job runs) and waits for it to listen, which it does once it has imported the
+* The first such job starts the warm process (:func:`main`, with the interpreter and the copy of
+  the package the job runs) and waits for it to listen, which it does once it has imported the
   served stages. A job hands it its arguments, working directory, environment
   (``OMP_NUM_THREADS`` sets torch's threads) and its stdout and stderr (the descriptors
   themselves), and exits with the stage's exit status. One job at a time: a job that finds it
@@ -60,6 +60,8 @@ RETAIN_MB = 1536  # a warm process whose RSS stays above this after a job ends a
 PACKAGE = Path(__file__).resolve().parents[1]
 LOG = "warm.log"  # in the run's directory: one line per job (SERVED_LINE or DECLINED_LINE)
 SERVED_LINE, DECLINED_LINE = "ran ", "declined "
+READY = "ready"  # in the run's directory: the pid of the warm process once it listens
+FAILED = "failed"  # in the run's directory: the warm process could not start; no job tries again
 START_WAIT_S = 120  # the longest a first job waits for the warm process to listen
 WATCHER_JOIN_S = 30  # how long the job may take to close its end after reading its status
 POLL_S = 2.0  # how often the idle warm process checks that its Snakemake process still runs
@@ -85,16 +87,20 @@ def close_run() -> str | None:
         return None
     run_dir = Path(path).parent
     pid = _pid(run_dir / "pid")
-    if pid is not None:
+    if pid is not None and _ours(pid):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGTERM)
     try:
         lines = (run_dir / LOG).read_text().splitlines()
     except OSError:
         lines = []
+    failed = (run_dir / FAILED).read_text() if (run_dir / FAILED).exists() else ""
     shutil.rmtree(run_dir, ignore_errors=True)
     if pid is None:
         return None
+    if failed:  # its log goes with the directory: its last lines, where the run's output is read
+        return (f"warm process: could not start ({failed}); every job ran in its own process"
+                + "".join(f"\n  {line}" for line in lines[-3:]))
     served = collections.Counter(line.split()[1] for line in lines if line.startswith(SERVED_LINE))
     declined = sum(line.startswith(DECLINED_LINE) for line in lines)
     return (f"warm process: ran {sum(served.values())} job(s) ({', '.join(f'{k} {n}' for k, n in sorted(served.items()))})"
@@ -115,22 +121,31 @@ def run_stage(module: str, argv: list[str]) -> int:
 def _started(path: Path) -> bool:
     """The warm process listens at ``path`` (started here if no live one has the run)."""
     run_dir = path.parent
-    if not (run_dir / "owner").is_file():
+    if not (run_dir / "owner").is_file() or (run_dir / FAILED).exists():
         return False
     with open(run_dir / "start.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         pid = _pid(run_dir / "pid")
         if pid is None or not _alive(pid):
-            with contextlib.suppress(FileNotFoundError):  # a dead one's (killed with a job): not listening
-                path.unlink()
-            log = open(run_dir / LOG, "ab")
-            proc = subprocess.Popen([sys.executable, "-m", __name__, "--socket", str(path)], stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=log, start_new_session=True)
+            for stale in (path, run_dir / READY):  # a dead one's (killed with a job)
+                with contextlib.suppress(OSError):
+                    stale.unlink()
+            # the package this job imported, first on the path (``-m`` would put the working
+            # directory's first, another copy where the job imports an installed one)
+            code = f"import sys; sys.path.insert(0, {str(PACKAGE.parent)!r}); from {__name__} import main; sys.exit(main())"
+            with open(run_dir / LOG, "ab") as log:
+                proc = subprocess.Popen([sys.executable, "-c", code, "--socket", str(path)],
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
             (run_dir / "pid").write_text(str(proc.pid))
             pid = proc.pid
     deadline = time.monotonic() + START_WAIT_S
-    while not path.exists():
+    while _pid(run_dir / READY) != pid:
         if not _alive(pid) or time.monotonic() > deadline:
+            # it could not start (an import failed: its log says why): the run's jobs go on without
+            # it, each in its own process, rather than each trying again
+            (run_dir / FAILED).write_text(f"pid {pid} did not listen")
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
             return False
         time.sleep(0.05)
     return True
@@ -159,7 +174,8 @@ def _served(path: Path, module: str, argv: list[str]) -> int | None:
         sys.stderr.flush()
         socket.send_fds(sock, [b"j"], [sys.stdout.fileno(), sys.stderr.fileno()])
         conn = Connection(sock.detach())
-        conn.send({"module": module, "argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ)})
+        conn.send({"module": module, "argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ),
+                   "package": str(PACKAGE)})
         try:
             reply = conn.recv()
             if "declined" in reply:
@@ -181,7 +197,22 @@ def _pid(path: Path) -> int | None:
         return None
 
 
+def _ours(pid: int) -> bool:
+    """``pid`` is still a warm process (not a number the system has given to another since)."""
+    try:
+        return __name__.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return not Path("/proc/self").exists()  # no /proc (macOS): the pid is all there is
+    except OSError:
+        return False
+
+
 def _alive(pid: int) -> bool:
+    """``pid`` runs. A warm process this process started and that has ended is reaped here: unreaped,
+    it would still answer ``os.kill(pid, 0)``."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -222,6 +253,8 @@ class Server:
             return f"{job['module']} is not served here"
         if job["cwd"] != self.cwd:
             return f"another working directory ({job['cwd']})"
+        if job.get("package") != str(PACKAGE):
+            return f"another copy of the package ({job.get('package')})"
         changed = [f for f, st in self.code.items() if _stat(f) != st]
         return f"code changed since it started: {changed[0]}" if changed else None
 
@@ -230,6 +263,9 @@ class Server:
         listener.bind(str(self.path))
         listener.listen(4)
         listener.settimeout(POLL_S)
+        ready = self.path.parent / f".{READY}.{os.getpid()}"
+        ready.write_text(str(os.getpid()))
+        ready.rename(self.path.parent / READY)  # what a waiting job reads: this process listens
         while self.owner is None or _alive(self.owner):
             try:
                 sock, _ = listener.accept()
