@@ -28,7 +28,6 @@ import importlib
 import io
 import json
 import os
-import re
 import resource
 import shlex
 import sys
@@ -39,24 +38,22 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGE_MAIN = re.compile(r"^from (recurrent_coreai\.stages\.\w+) import main$", re.M)
 DEFAULT_RULES = ("export", "reference", "gate_shard")
 
 
 def stage_calls(tree: Path, rule: str) -> list[tuple[str, object, list[str]]]:
     """(stage name, its ``main``, its arguments) for every ``rule`` stage of ``tree``'s dvc.yaml."""
+    from recurrent_coreai.pipeline import fingerprint  # the tree's (on the path first): rule -> script, module
+
     stages = yaml.safe_load((tree / "dvc.yaml").read_text())["stages"]
     calls = []
     for name, st in stages.items():
         if name.split("-")[0] != rule:
             continue
         argv = shlex.split(st["cmd"])
-        if len(argv) < 2 or argv[0] != "python" or not argv[1].startswith("scripts/"):
+        if len(argv) < 2 or argv[0] != "python" or argv[1] != f"scripts/{fingerprint.ENTRY[rule][0]}.py":
             raise SystemExit(f"{tree / 'dvc.yaml'}: stage {name}: not a `python scripts/<stage>.py` command")
-        found = STAGE_MAIN.search((tree / argv[1]).read_text())
-        if not found:
-            raise SystemExit(f"{tree / argv[1]}: no `from recurrent_coreai.stages.X import main` line")
-        calls.append((name, importlib.import_module(found.group(1)).main, argv[2:]))
+        calls.append((name, importlib.import_module(f"recurrent_coreai.{fingerprint.ENTRY[rule][1]}").main, argv[2:]))
     if not calls:
         raise SystemExit(f"{tree / 'dvc.yaml'}: no {rule} stage")
     return calls
