@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from recurrent_coreai.pipeline import config
+from recurrent_coreai.pipeline import config, warm
 from recurrent_coreai.stages import gate
 from recurrent_coreai.pipeline import resources
 from recurrent_coreai.util.errors import PipelineError
@@ -56,10 +56,13 @@ def test_two_processes_give_the_rows_and_verdict_of_one(bundle):
     assert json.dumps(two, sort_keys=True) == json.dumps(one, sort_keys=True) and one["pass"] is True
 
 
-def test_the_stage_script_in_two_processes_writes_what_the_build_wrote(tiny_results, tmp_path):
+@pytest.mark.parametrize("warm_process", [False, True], ids=["its own process", "the run's warm process"])
+def test_the_stage_script_in_two_processes_writes_what_the_build_wrote(tiny_results, tmp_path, warm_process,
+                                                                       monkeypatch):
     """``python scripts/gate.py`` as the rule runs it, granted 2 threads the way Snakemake grants
     them (OMP_NUM_THREADS): its spawned workers import the script too (it must not rerun the
-    stage), and the JSON and TSV equal the ones the build's one-process gate wrote."""
+    stage), and the JSON and TSV equal the ones the build's one-process gate wrote. The same
+    through a Snakemake run's warm process (pipeline/warm.py), whose workers are spawned from it."""
     lay, conf = Layout(tiny_results, MODEL), tiny_results.parent / "config.yaml"
     out = tmp_path / "gate"
     # the build's file names: the gate JSON records its TSV's name (and is sealed)
@@ -70,8 +73,16 @@ def test_the_stage_script_in_two_processes_writes_what_the_build_wrote(tiny_resu
            "--log", str(out / "g.log")]
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
     env.pop("SLURM_CPUS_PER_TASK", None)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env.pop(warm.SOCKET_ENV, None)
+    if warm_process:
+        monkeypatch.delenv(warm.SWITCH_ENV, raising=False)
+        env[warm.SOCKET_ENV] = warm.open_run(os.getpid())
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        said = warm.close_run() if warm_process else None
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert said == ("warm process: ran 1 job(s) (gate 1)" if warm_process else None)
     assert "step(s) and the prefill check and the text stream in 2 process(es)" in (out / "g.log").read_text()
     assert tsv_out.read_bytes() == lay.gate_tsv(RECIPE).read_bytes()
     assert json.loads(json_out.read_text()) == json.loads(lay.gate_json(RECIPE).read_text())

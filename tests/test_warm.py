@@ -186,7 +186,7 @@ def test_the_warm_process_refuses_a_job_after_a_code_change_or_elsewhere():
     assert server.refused(job) == f"code changed since it started: {module}"
     server.code[str(module)] = (st.st_mtime_ns, st.st_size)
     assert "another working directory" in server.refused({**job, "cwd": "/elsewhere"})
-    assert "not served" in server.refused({**job, "module": "recurrent_coreai.stages.gate"})
+    assert "not served" in server.refused({**job, "module": "recurrent_coreai.stages.publish"})
     assert "another copy of the package" in server.refused({**job, "package": "/elsewhere/recurrent_coreai"})
 
 
@@ -197,4 +197,5 @@ def test_the_served_stages_code_sets_hold_the_warm_process_and_the_others_do_not
         assert ("recurrent_coreai/pipeline/warm.py" in fingerprint.code_files(rule)) == (served or attests), rule
         script = (ROOT / "scripts" / f"{fingerprint.ENTRY[rule][0]}.py").read_text()
         assert ("run_stage(" in script) == served, rule
-    assert {m.rsplit(".", 1)[-1] for m in warm.SERVED} == {"source", "reference", "export", "aot", "doctor"}
+    assert {m.rsplit(".", 1)[-1] for m in warm.SERVED} == {"source", "reference", "export", "aot", "doctor",
+                                                            "gate_shard", "gate"}

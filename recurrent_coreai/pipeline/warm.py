@@ -4,7 +4,7 @@ server do for builds).
 
 Why: an export job spent ~4 s of its ~9 s on what every new process pays -- importing torch and
 the converter, ``torch.export``'s lazy imports, its first-call set-up -- and the default DAG runs
-18 of them, beside 18 aot, 18 doctor, 6 source and 6 reference jobs
+18 of them, beside 18 aot, 18 doctor, 18 gate shard, 18 gate, 6 source and 6 reference jobs
 (docs/measurements/2026-12-07-warm-process.md). In a process that has run stages before, a stage
 writes the same bytes (checked for every default bundle, ``main.mlirb`` and ``.odix``, and by
 tests/test_warm.py for whole output directories) in the time of its work alone.
@@ -53,9 +53,10 @@ from pathlib import Path
 
 SOCKET_ENV = "RECURRENT_COREAI_WARM_SOCKET"  # set by the Snakefile's onstart for the run's jobs
 SWITCH_ENV = "RECURRENT_COREAI_WARM"  # "0": every stage in its own process
-# the stages whose jobs it runs: the ones that import torch or the converter (the gate's shards,
-# which may spawn worker processes of their own, are not among them)
-SERVED = tuple(f"recurrent_coreai.stages.{s}" for s in ("source", "reference", "export", "aot", "doctor"))
+# the stages whose jobs it runs: the ones that import torch, the converter or the runtime (not the
+# publish stage: it alone reads the Hub token)
+SERVED = tuple(f"recurrent_coreai.stages.{s}" for s in ("source", "reference", "export", "aot", "doctor", "gate_shard",
+                                                           "gate"))
 RETAIN_MB = 1536  # a warm process whose RSS stays above this after a job ends after it
 PACKAGE = Path(__file__).resolve().parents[1]
 LOG = "warm.log"  # in the run's directory: one line per job (SERVED_LINE or DECLINED_LINE)
@@ -242,6 +243,12 @@ class Server:
         self.owner = _pid(path.parent / "owner")
         for module in SERVED:
             importlib.import_module(module)
+        # the helper process multiprocessing keeps for the gate's spawned workers: started now, it
+        # holds this process's stdout and stderr; started during a job, it would hold the job's to
+        # the end of the run (and whoever reads them would wait that long for their end)
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
         self.cwd = os.getcwd()
         self.env = dict(os.environ)
         torch = sys.modules.get("torch")
@@ -391,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         with contextlib.suppress(OSError):
             ns.socket.unlink()
-    return 0
+    os._exit(0)  # no interpreter shutdown under the runtime's threads (coreai/runtime.py's exit race)
 
 
 if __name__ == "__main__":
