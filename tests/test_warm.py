@@ -107,7 +107,7 @@ def test_a_killed_job_ends_the_warm_process_before_its_output_appears(run, local
     job = subprocess.Popen([sys.executable, "scripts/export.py", "--config-file", "config.yaml", "--model", MODEL,
                             "--recipe", "fp32", "--source", str(local["source"]), "--out", str(tmp_path / "e")],
                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1.5)  # the export is running in the warm process (it takes seconds)
+    time.sleep(1.5)  # the export is running in the warm process (started and warm: the source job above)
     assert job.poll() is None
     job.send_signal(signal.SIGKILL)  # what Snakemake does to a job it gives up (Ctrl-C, --keep-going off)
     job.wait()
@@ -126,7 +126,7 @@ def test_a_killed_job_ends_the_warm_process_before_its_output_appears(run, local
 
 def test_the_warm_process_ends_with_the_snakemake_process_that_opened_the_run(monkeypatch, tmp_path):
     monkeypatch.delenv(warm.SWITCH_ENV, raising=False)
-    owner = subprocess.Popen(["sleep", "4"])
+    owner = subprocess.Popen(["sleep", "10"])  # outlives the first job even on a slow host
     socket = warm.open_run(owner.pid)
     try:
         assert _stage("source", "--model", MODEL, "--out", str(tmp_path / "s"), socket=socket).returncode == 0
